@@ -1,0 +1,301 @@
+"""Runs an ATen FX graph inside a jax trace, one lowering rule per node.
+
+Every node runs under `jax.named_scope(node.name)` so HLO op names lead back to the graph, and
+every result is checked against `node.meta["val"]` (rank, static dims, dtype under the 64-bit
+policy): a rule that gets type promotion or shapes wrong fails here, naming the node, its ATen
+op and the user's source line, instead of computing a silently wrong answer.
+
+Symbolic sizes (SymInt placeholders, `aten.sym_size`, `operator.mul` on sizes) are evaluated
+in Python on the concrete values this graph is being specialized for.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+
+from ..exc import LoweringError, UnsupportedOpError
+from . import dtypes, registry
+
+aten = torch.ops.aten
+
+# Targets the interpreter evaluates itself: size arithmetic and tuple access.
+_PYTHON_TARGETS: dict[Any, Callable] = {
+    operator.getitem: operator.getitem,
+    operator.add: operator.add,
+    operator.sub: operator.sub,
+    operator.mul: operator.mul,
+    operator.truediv: operator.truediv,
+    operator.floordiv: operator.floordiv,
+    operator.mod: operator.mod,
+    operator.neg: operator.neg,
+    operator.pow: operator.pow,
+    operator.eq: operator.eq,
+    operator.ne: operator.ne,
+    operator.lt: operator.lt,
+    operator.le: operator.le,
+    operator.gt: operator.gt,
+    operator.ge: operator.ge,
+    math.ceil: math.ceil,
+    math.floor: math.floor,
+    math.sqrt: math.sqrt,
+    torch.sym_int: int,
+    torch.sym_float: float,
+    torch.sym_max: max,
+    torch.sym_min: min,
+    torch.sym_not: operator.not_,
+    aten.sym_size.int: lambda x, dim: x.shape[dim],
+    aten.sym_numel.default: lambda x: math.prod(x.shape),
+    aten.sym_stride.int: lambda x, dim: _contiguous_strides(x.shape)[dim],
+    aten.sym_storage_offset.default: lambda x: 0,
+}
+INTERPRETER_TARGETS = frozenset(_PYTHON_TARGETS) | {aten.copy_.default}
+
+
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def source_line(node: torch.fx.Node) -> str:
+    """The last line of the user's stack trace recorded on the node, or a placeholder."""
+    trace = node.meta.get("stack_trace") or ""
+    lines = [line.strip() for line in trace.strip().splitlines() if line.strip()]
+    if len(lines) >= 2 and lines[-2].startswith("File "):
+        return f"{lines[-2]}: {lines[-1]}"
+    return lines[-1] if lines else "<no source line recorded>"
+
+
+class LoweringContext:
+    """What a rule registered with `needs_ctx=True` may ask about the node it lowers."""
+
+    def __init__(self, node: torch.fx.Node, x64: str, rng: Callable[[int], Any] | None):
+        self.node = node
+        self.x64 = x64
+        self._rng = rng
+
+    @property
+    def out(self):
+        """The node's fake result (a FakeTensor, or a tuple of them)."""
+        return self.node.meta["val"]
+
+    def jax_dtype(self, dtype: torch.dtype):
+        return dtypes.to_jax(dtypes.narrowed(dtype, self.x64))
+
+    @property
+    def out_dtype(self):
+        """The jax dtype of the node's (first) tensor result."""
+        out = self.out
+        if isinstance(out, (tuple, list)):
+            out = next(v for v in out if isinstance(v, torch.Tensor))
+        return self.jax_dtype(out.dtype)
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.out.shape)
+
+    def promoted_dtype(self):
+        """torch's type promotion over the node's tensor and scalar arguments."""
+        from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+        vals = [_promotion_value(a) for a in self.node.args]
+        vals = [v for v in vals if v is not None]
+        if not any(isinstance(v, torch.Tensor) for v in vals):
+            return self.out_dtype
+        _, result = elementwise_dtypes(
+            *vals, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
+        )
+        return self.jax_dtype(result)
+
+    def compute_dtype(self):
+        """The dtype an elementwise op computes in: the result's if floating, else promoted."""
+        import jax.numpy as jnp
+
+        out = self.out_dtype
+        if jnp.issubdtype(out, jnp.inexact):
+            return out
+        return self.promoted_dtype()
+
+    def rng_key(self):
+        """A jax PRNG key unique to this node, derived from the per-call seed input."""
+        if self._rng is None:
+            raise LoweringError(
+                f"{self.node.target} uses randomness but was registered without uses_rng=True"
+            )
+        return self._rng(_node_index(self.node))
+
+
+def _promotion_value(arg):
+    """An argument as torch's type promotion sees it (symbolic scalars by their kind)."""
+    if isinstance(arg, torch.fx.Node):
+        arg = arg.meta.get("val")
+    if isinstance(arg, torch.Tensor) or type(arg) in (bool, int, float, complex):
+        return arg
+    if isinstance(arg, torch.SymBool):
+        return True
+    if isinstance(arg, torch.SymInt):
+        return 1
+    if isinstance(arg, torch.SymFloat):
+        return 1.0
+    return None
+
+
+def _node_index(node: torch.fx.Node) -> int:
+    index = node.meta.get("_tpu_inductor_index")
+    if index is None:
+        for i, n in enumerate(node.graph.nodes):
+            n.meta["_tpu_inductor_index"] = i
+        index = node.meta["_tpu_inductor_index"]
+    return index
+
+
+def missing_ops(gm: torch.fx.GraphModule, platform: str | None = None) -> dict[str, list[str]]:
+    """ATen ops of `gm` with no rule: op name → the source lines where it is used."""
+    missing: dict[str, list[str]] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and not registry.supported(node, platform):
+            missing.setdefault(str(node.target), []).append(source_line(node))
+    return missing
+
+
+class GraphRunner:
+    """Evaluates `gm` on jax values; records what the caller needs to rebuild torch outputs."""
+
+    def __init__(self, gm: torch.fx.GraphModule, *, x64: str, platform: str | None = None):
+        self.gm = gm
+        self.x64 = x64
+        self.platform = platform
+        self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.uses_rng = any(
+            (rule := _rule_of(n, platform)) is not None and rule.uses_rng for n in gm.graph.nodes
+        )
+        # Filled by run(): input index → value to write back into that input.
+        self.mutations: dict[int, Any] = {}
+
+    def run(self, inputs: Sequence[Any], rng: Callable[[int], Any] | None = None) -> list[Any]:
+        """Evaluate the graph; returns the flat output list (jax arrays, Python values, None)."""
+        env: dict[torch.fx.Node, Any] = {}
+        placeholder_index = {node: i for i, node in enumerate(self.placeholders)}
+        self.mutations = {}
+        for node, value in zip(self.placeholders, inputs):
+            env[node] = value
+        load = lambda arg: torch.fx.node.map_arg(arg, env.__getitem__)  # noqa: E731
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "output":
+                return list(flatten(load(node.args[0])))
+            if node.op == "get_attr":
+                env[node] = dtypes.constant(_fetch_attr(self.gm, node.target), self.x64)
+                continue
+            if node.op != "call_function":
+                raise LoweringError(f"node {node.name}: unsupported FX node kind {node.op!r}")
+            args, kwargs = load(node.args), load(node.kwargs)
+            if node.target is aten.copy_.default and node.args[0] in placeholder_index:
+                env[node] = self._record_mutation(node, args, placeholder_index)
+                continue
+            env[node] = self._call(node, args, kwargs, rng)
+        raise LoweringError("graph has no output node")
+
+    def _record_mutation(self, node, args, placeholder_index):
+        import jax.numpy as jnp
+
+        dst, src = args[0], args[1]
+        value = jnp.broadcast_to(jnp.asarray(src), dst.shape).astype(dst.dtype)
+        self.mutations[placeholder_index[node.args[0]]] = value
+        return value
+
+    def _call(self, node, args, kwargs, rng):
+        import jax
+
+        target = node.target
+        if target in _PYTHON_TARGETS:
+            return _PYTHON_TARGETS[target](*args, **kwargs)
+        rule = _rule_of(node, self.platform)
+        if rule is None:
+            raise UnsupportedOpError(
+                f"no lowering for {target} at node {node.name} ({source_line(node)}); "
+                "add a rule in lowering/ops/ or compile with options={'fallback': 'eager'}."
+            )
+        try:
+            with jax.named_scope(node.name):
+                if rule.needs_ctx:
+                    result = rule.fn(LoweringContext(node, self.x64, rng), *args, **kwargs)
+                else:
+                    result = rule.fn(*args, **kwargs)
+        except (LoweringError, UnsupportedOpError):
+            raise
+        except Exception as e:
+            raise LoweringError(
+                f"lowering {target} failed at node {node.name} ({source_line(node)}): "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        self._check(node, result)
+        return result
+
+    def _check(self, node, result) -> None:
+        expected = node.meta.get("val")
+        if expected is None:
+            return
+        if isinstance(expected, (tuple, list)):
+            if not isinstance(result, (tuple, list)) or len(result) != len(expected):
+                raise LoweringError(
+                    f"node {node.name} ({node.target}, {source_line(node)}): the rule returned "
+                    f"{type(result).__name__} but the graph expects {len(expected)} results"
+                )
+            for i, (exp, got) in enumerate(zip(expected, result)):
+                self._check_one(node, exp, got, f"result {i}")
+        else:
+            self._check_one(node, expected, result, "result")
+
+    def _check_one(self, node, expected, got, what: str) -> None:
+        if not isinstance(expected, torch.Tensor):
+            return
+        where = f"node {node.name} ({node.target}, {source_line(node)})"
+        if got is None or not hasattr(got, "shape"):
+            raise LoweringError(f"{where}: {what} should be a tensor, the rule returned {got!r}")
+        want_dtype = dtypes.to_jax(dtypes.narrowed(expected.dtype, self.x64))
+        if got.dtype != want_dtype:
+            raise LoweringError(
+                f"{where}: {what} has dtype {got.dtype}, torch computes {expected.dtype} "
+                f"(expected jax dtype {want_dtype}); fix the rule's type promotion."
+            )
+        want_shape = tuple(expected.shape)
+        if len(got.shape) != len(want_shape) or any(
+            isinstance(w, int) and w != g for w, g in zip(want_shape, got.shape)
+        ):
+            raise LoweringError(
+                f"{where}: {what} has shape {tuple(got.shape)}, torch computes {want_shape}."
+            )
+
+
+def _rule_of(node: torch.fx.Node, platform):
+    if node.op != "call_function" or not isinstance(node.target, OpOverload):
+        return None
+    if node.target in INTERPRETER_TARGETS:
+        return None
+    return registry.lookup(node.target, platform)
+
+
+def _fetch_attr(gm: torch.fx.GraphModule, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def flatten(value):
+    """Yield the leaves of nested tuples/lists."""
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            yield from flatten(item)
+    else:
+        yield value

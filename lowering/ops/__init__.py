@@ -1,0 +1,1 @@
+"""Lowering rules, one module per op family; `registry.load_rules` imports them."""

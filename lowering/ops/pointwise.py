@@ -1,0 +1,279 @@
+"""Elementwise ops: unary math, binary arithmetic and comparisons, activations and their grads."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from torch._ops import ops
+
+from ..registry import register_lowering
+from .common import cast, elementwise
+
+aten = ops.aten
+
+# Unary ops whose torch and jax semantics agree: aten op → jax function.
+_UNARY = {
+    aten.abs: jnp.abs,
+    aten.neg: jnp.negative,
+    aten.exp: jnp.exp,
+    aten.exp2: jnp.exp2,
+    aten.expm1: jnp.expm1,
+    aten.log: jnp.log,
+    aten.log2: jnp.log2,
+    aten.log10: jnp.log10,
+    aten.log1p: jnp.log1p,
+    aten.sqrt: jnp.sqrt,
+    aten.rsqrt: lax.rsqrt,
+    aten.sin: jnp.sin,
+    aten.cos: jnp.cos,
+    aten.tan: jnp.tan,
+    aten.asin: jnp.arcsin,
+    aten.acos: jnp.arccos,
+    aten.atan: jnp.arctan,
+    aten.sinh: jnp.sinh,
+    aten.cosh: jnp.cosh,
+    aten.tanh: jnp.tanh,
+    aten.asinh: jnp.arcsinh,
+    aten.acosh: jnp.arccosh,
+    aten.atanh: jnp.arctanh,
+    aten.sigmoid: jax.nn.sigmoid,
+    aten.erf: jax.scipy.special.erf,
+    aten.erfc: jax.scipy.special.erfc,
+    aten.erfinv: jax.scipy.special.erfinv,
+    aten.lgamma: jax.scipy.special.gammaln,
+    aten.digamma: jax.scipy.special.digamma,
+    aten.ceil: jnp.ceil,
+    aten.floor: jnp.floor,
+    aten.trunc: jnp.trunc,
+    aten.frac: lambda x: x - jnp.trunc(x),
+    aten.sign: jnp.sign,
+    aten.sgn: jnp.sign,
+    aten.reciprocal: jnp.reciprocal,
+    aten.relu: lambda x: jnp.maximum(x, jnp.zeros((), x.dtype)),
+    aten.logical_not: jnp.logical_not,
+    aten.bitwise_not: jnp.invert,
+    aten.isnan: jnp.isnan,
+    aten.isinf: jnp.isinf,
+    aten.isfinite: jnp.isfinite,
+    aten.signbit: jnp.signbit,
+    aten.silu: jax.nn.silu,
+    aten.square: jnp.square,
+    aten.positive: lambda x: x,
+    aten.i0: jax.scipy.special.i0,
+}
+
+# Binary ops: aten op → jax function of the two promoted operands.
+_BINARY = {
+    aten.mul: jnp.multiply,
+    aten.atan2: jnp.arctan2,
+    aten.maximum: jnp.maximum,
+    aten.minimum: jnp.minimum,
+    aten.fmax: jnp.fmax,
+    aten.fmin: jnp.fmin,
+    aten.hypot: jnp.hypot,
+    aten.copysign: jnp.copysign,
+    aten.nextafter: jnp.nextafter,
+    aten.logical_and: jnp.logical_and,
+    aten.logical_or: jnp.logical_or,
+    aten.logical_xor: jnp.logical_xor,
+    aten.bitwise_and: jnp.bitwise_and,
+    aten.bitwise_or: jnp.bitwise_or,
+    aten.bitwise_xor: jnp.bitwise_xor,
+    aten.bitwise_left_shift: jnp.left_shift,
+    aten.bitwise_right_shift: jnp.right_shift,
+    aten.xlogy: jax.scipy.special.xlogy,
+}
+
+# Comparisons compute in the promoted dtype and return bool.
+_COMPARE = {
+    aten.eq: jnp.equal,
+    aten.ne: jnp.not_equal,
+    aten.lt: jnp.less,
+    aten.le: jnp.less_equal,
+    aten.gt: jnp.greater,
+    aten.ge: jnp.greater_equal,
+}
+
+for _op, _fn in _UNARY.items():
+    elementwise(_op)(_fn)
+for _op, _fn in _BINARY.items():
+    elementwise(_op)(_fn)
+for _op, _fn in _COMPARE.items():
+    elementwise(_op, compute="promoted")(_fn)
+
+
+@elementwise(aten.add)
+def add(a, b, *, alpha=1):
+    return a + b * alpha if alpha != 1 else a + b
+
+
+@elementwise(aten.sub)
+def sub(a, b, *, alpha=1):
+    return a - b * alpha if alpha != 1 else a - b
+
+
+@elementwise(aten.rsub)
+def rsub(a, b, *, alpha=1):
+    return b - a * alpha if alpha != 1 else b - a
+
+
+@elementwise(aten.div)
+def div(a, b, *, rounding_mode=None):
+    if rounding_mode is None:
+        return a / b
+    if rounding_mode == "floor":
+        return jnp.floor_divide(a, b)
+    if jnp.issubdtype(a.dtype, jnp.integer):  # "trunc" on integers: C division
+        return lax.div(a, b)
+    return jnp.trunc(a / b)
+
+
+@elementwise(aten.floor_divide)
+def floor_divide(a, b):
+    return jnp.floor_divide(a, b)
+
+
+@elementwise(aten.remainder)
+def remainder(a, b):
+    return jnp.remainder(a, b)
+
+
+@elementwise(aten.fmod)
+def fmod(a, b):
+    return jnp.fmod(a, b)
+
+
+@elementwise(aten.pow)
+def pow_(a, b):
+    return jnp.power(a, b)
+
+
+@elementwise(aten.round.default)
+def round_(x):
+    return jnp.round(x)
+
+
+@elementwise(aten.round.decimals)
+def round_decimals(x, *, decimals=0):
+    scale = 10.0**decimals
+    return jnp.round(x * scale) / scale
+
+
+@register_lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther,
+                   aten.where.Scalar, needs_ctx=True)
+def where(ctx, condition, a, b):
+    dtype = ctx.out_dtype
+    return jnp.where(condition, cast(a, dtype), cast(b, dtype))
+
+
+@register_lowering(aten.clamp.default, aten.clamp.Tensor, needs_ctx=True)
+def clamp(ctx, x, min=None, max=None):
+    dtype = ctx.compute_dtype()
+    x = cast(x, dtype)
+    if min is not None:
+        x = jnp.maximum(x, cast(min, dtype))
+    if max is not None:
+        x = jnp.minimum(x, cast(max, dtype))
+    return cast(x, ctx.out_dtype)
+
+
+@elementwise(aten.clamp_min)
+def clamp_min(x, low):
+    return jnp.maximum(x, low)
+
+
+@elementwise(aten.clamp_max)
+def clamp_max(x, high):
+    return jnp.minimum(x, high)
+
+
+@elementwise(aten.lerp)
+def lerp(start, end, weight):
+    return start + weight * (end - start)
+
+
+@elementwise(aten.addcmul)
+def addcmul(x, a, b, *, value=1):
+    return x + value * a * b
+
+
+@elementwise(aten.addcdiv)
+def addcdiv(x, a, b, *, value=1):
+    return x + value * a / b
+
+
+def _gelu(x, approximate):
+    if approximate == "tanh":
+        inner = math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)
+        return 0.5 * x * (1 + jnp.tanh(inner))
+    return 0.5 * x * (1 + jax.scipy.special.erf(x / math.sqrt(2)))
+
+
+@elementwise(aten.gelu)
+def gelu(x, *, approximate="none"):
+    return _gelu(x, approximate)
+
+
+@elementwise(aten.gelu_backward)
+def gelu_backward(grad, x, *, approximate="none"):
+    _, vjp = jax.vjp(lambda v: _gelu(v, approximate), x)
+    return vjp(grad)[0]
+
+
+@elementwise(aten.sigmoid_backward)
+def sigmoid_backward(grad, y):
+    return grad * y * (1 - y)
+
+
+@elementwise(aten.tanh_backward)
+def tanh_backward(grad, y):
+    return grad * (1 - y * y)
+
+
+@elementwise(aten.threshold_backward)
+def threshold_backward(grad, x, threshold):
+    return jnp.where(x <= threshold, jnp.zeros((), grad.dtype), grad)
+
+
+@elementwise(aten.silu_backward)
+def silu_backward(grad, x):
+    s = jax.nn.sigmoid(x)
+    return grad * s * (1 + x * (1 - s))
+
+
+@elementwise(aten.hardtanh)
+def hardtanh(x, min_val=-1.0, max_val=1.0):
+    return jnp.clip(x, min_val, max_val)
+
+
+@elementwise(aten.leaky_relu)
+def leaky_relu(x, negative_slope=0.01):
+    return jnp.where(x > 0, x, x * negative_slope)
+
+
+@elementwise(aten.elu)
+def elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
+    return jnp.where(x > 0, x * scale, alpha * scale * jnp.expm1(x * input_scale))
+
+
+@elementwise(aten.softplus)
+def softplus(x, beta=1.0, threshold=20.0):
+    return jnp.where(x * beta > threshold, x, jnp.log1p(jnp.exp(x * beta)) / beta)
+
+
+@elementwise(aten.hardsigmoid)
+def hardsigmoid(x):
+    return jnp.clip(x / 6 + 0.5, 0, 1)
+
+
+@elementwise(aten.hardswish)
+def hardswish(x):
+    return x * jnp.clip(x / 6 + 0.5, 0, 1)
+
+
+@elementwise(aten.mish)
+def mish(x):
+    return x * jnp.tanh(jax.nn.softplus(x))

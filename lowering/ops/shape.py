@@ -1,0 +1,237 @@
+"""Shape and view ops. Graphs are functional, so a view is a new value: no aliasing to keep."""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+from jax import lax
+from torch._ops import ops
+
+from ..registry import register_lowering
+from .common import cast, dim
+
+aten = ops.aten
+
+
+def _shape(x, shape):
+    """torch's size list (one -1 allowed) for x."""
+    shape = [int(s) for s in shape]
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        shape[shape.index(-1)] = x.size // known if known else 0
+    return tuple(shape)
+
+
+@register_lowering(aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+                   aten.view_copy.default)
+def view(x, shape):
+    return jnp.reshape(x, _shape(x, shape))
+
+
+@register_lowering(aten.view.dtype, needs_ctx=True)
+def view_dtype(ctx, x, dtype):
+    out = ctx.out_dtype
+    if jnp.dtype(out).itemsize == x.dtype.itemsize:
+        return lax.bitcast_convert_type(x, out)
+    raise NotImplementedError("view(dtype) between dtypes of different sizes")
+
+
+@register_lowering(aten.permute.default, aten.permute_copy.default)
+def permute(x, dims):
+    return jnp.transpose(x, [dim(d, x.ndim) for d in dims])
+
+
+@register_lowering(aten.transpose.int, aten.transpose_copy.int)
+def transpose(x, dim0, dim1):
+    if x.ndim < 2:
+        return x
+    return jnp.swapaxes(x, dim(dim0, x.ndim), dim(dim1, x.ndim))
+
+
+@register_lowering(aten.t.default, aten.t_copy.default)
+def t(x):
+    return x.T if x.ndim == 2 else x
+
+
+@register_lowering(aten.expand.default, aten.expand_copy.default)
+def expand(x, size, *, implicit=False):
+    size = list(size)
+    lead = len(size) - x.ndim
+    target = [x.shape[i - lead] if s == -1 else int(s) for i, s in enumerate(size)]
+    return jnp.broadcast_to(x, tuple(target))
+
+
+@register_lowering(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims,
+                   aten.squeeze_copy.default, aten.squeeze_copy.dim, aten.squeeze_copy.dims)
+def squeeze(x, dims=None):
+    if x.ndim == 0:
+        return x
+    if dims is None:
+        axes = [i for i, s in enumerate(x.shape) if s == 1]
+    else:
+        axes = [dim(d, x.ndim) for d in ([dims] if isinstance(dims, int) else dims)]
+        axes = [a for a in axes if x.shape[a] == 1]
+    return jnp.squeeze(x, axis=tuple(axes)) if axes else x
+
+
+@register_lowering(aten.unsqueeze.default, aten.unsqueeze_copy.default)
+def unsqueeze(x, d):
+    return jnp.expand_dims(x, d % (x.ndim + 1))
+
+
+@register_lowering(aten.cat.default, needs_ctx=True)
+def cat(ctx, tensors, dim_=0):
+    dtype = ctx.out_dtype
+    parts = [cast(t, dtype) for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
+    if not parts:
+        return jnp.zeros(ctx.out_shape, dtype)
+    return jnp.concatenate(parts, axis=dim(dim_, parts[0].ndim))
+
+
+@register_lowering(aten.stack.default, needs_ctx=True)
+def stack(ctx, tensors, dim_=0):
+    dtype = ctx.out_dtype
+    return jnp.stack([cast(t, dtype) for t in tensors], axis=dim_ % (tensors[0].ndim + 1))
+
+
+@register_lowering(aten.split.Tensor, aten.split_copy.Tensor)
+def split(x, split_size, dim_=0):
+    axis = dim(dim_, x.ndim)
+    n = x.shape[axis]
+    step = max(int(split_size), 1)
+    return [lax.slice_in_dim(x, s, min(s + step, n), axis=axis) for s in range(0, max(n, 1), step)]
+
+
+@register_lowering(aten.split_with_sizes.default, aten.split_with_sizes_copy.default)
+def split_with_sizes(x, sizes, dim_=0):
+    axis = dim(dim_, x.ndim)
+    out, start = [], 0
+    for size in sizes:
+        out.append(lax.slice_in_dim(x, start, start + int(size), axis=axis))
+        start += int(size)
+    return out
+
+
+@register_lowering(aten.unbind.int, aten.unbind_copy.int)
+def unbind(x, dim_=0):
+    axis = dim(dim_, x.ndim)
+    return [jnp.squeeze(lax.slice_in_dim(x, i, i + 1, axis=axis), axis) for i in range(x.shape[axis])]
+
+
+def _slice_bounds(size, start, end, step):
+    start = 0 if start is None else int(start)
+    end = size if end is None else int(end)
+    start = start + size if start < 0 else start
+    end = end + size if end < 0 else end
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    return start, end, int(step)
+
+
+@register_lowering(aten.slice.Tensor, aten.slice_copy.Tensor)
+def slice_(x, dim_=0, start=None, end=None, step=1):
+    axis = dim(dim_, x.ndim)
+    start, end, step = _slice_bounds(x.shape[axis], start, end, step)
+    return lax.slice_in_dim(x, start, end, step, axis=axis)
+
+
+@register_lowering(aten.slice_scatter.default)
+def slice_scatter(x, src, dim_=0, start=None, end=None, step=1):
+    axis = dim(dim_, x.ndim)
+    start, end, step = _slice_bounds(x.shape[axis], start, end, step)
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(start, end, step)
+    return x.at[tuple(index)].set(src.astype(x.dtype))
+
+
+@register_lowering(aten.select.int, aten.select_copy.int)
+def select(x, dim_, index):
+    axis = dim(dim_, x.ndim)
+    return lax.index_in_dim(x, int(index) % x.shape[axis], axis=axis, keepdims=False)
+
+
+@register_lowering(aten.select_scatter.default)
+def select_scatter(x, src, dim_, index):
+    axis = dim(dim_, x.ndim)
+    idx = [slice(None)] * x.ndim
+    idx[axis] = int(index) % x.shape[axis]
+    return x.at[tuple(idx)].set(src.astype(x.dtype))
+
+
+@register_lowering(aten.narrow.default)
+def narrow(x, dim_, start, length):
+    axis = dim(dim_, x.ndim)
+    start = int(start) % x.shape[axis] if x.shape[axis] else 0
+    return lax.slice_in_dim(x, start, start + int(length), axis=axis)
+
+
+@register_lowering(aten.diagonal.default, aten.diagonal_copy.default)
+def diagonal(x, offset=0, dim1=0, dim2=1):
+    return jnp.diagonal(x, offset, dim(dim1, x.ndim), dim(dim2, x.ndim))
+
+
+@register_lowering(aten.flip.default)
+def flip(x, dims):
+    return jnp.flip(x, axis=tuple(dim(d, x.ndim) for d in dims)) if x.ndim else x
+
+
+@register_lowering(aten.roll.default)
+def roll(x, shifts, dims=()):
+    if not dims:
+        return jnp.roll(x.reshape(-1), shifts).reshape(x.shape)
+    return jnp.roll(x, shifts, axis=tuple(dim(d, x.ndim) for d in dims))
+
+
+@register_lowering(aten.repeat.default)
+def repeat(x, repeats):
+    repeats = tuple(int(r) for r in repeats)
+    x = x.reshape((1,) * (len(repeats) - x.ndim) + x.shape)
+    return jnp.tile(x, repeats)
+
+
+@register_lowering(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default,
+                   aten.detach.default, aten.contiguous.default, aten.alias_copy.default)
+def identity(x, *, memory_format=None):
+    return x
+
+
+@register_lowering(aten._to_copy.default, needs_ctx=True)
+def to_copy(ctx, x, *, dtype=None, layout=None, device=None, pin_memory=None,
+            non_blocking=False, memory_format=None):
+    return cast(x, ctx.out_dtype)
+
+
+@register_lowering(aten.constant_pad_nd.default, needs_ctx=True)
+def constant_pad_nd(ctx, x, pad, value=0):
+    config = [(0, 0, 0)] * x.ndim
+    for i in range(len(pad) // 2):
+        axis = x.ndim - 1 - i
+        config[axis] = (int(pad[2 * i]), int(pad[2 * i + 1]), 0)
+    return lax.pad(x, jnp.asarray(value, x.dtype), config)
+
+
+@register_lowering(aten.tril.default)
+def tril(x, diagonal=0):
+    return jnp.tril(x, diagonal)
+
+
+@register_lowering(aten.triu.default)
+def triu(x, diagonal=0):
+    return jnp.triu(x, diagonal)
+
+
+@register_lowering(aten.as_strided.default, aten.as_strided_copy.default, needs_ctx=True)
+def as_strided(ctx, x, size, stride, storage_offset=None):
+    # Gathers the flat elements the strided view would read: exact only when torch's input is
+    # contiguous from offset 0 (its storage is then our row-major value).
+    base = ctx.node.args[0].meta.get("val")
+    if base is None or not base.is_contiguous() or base.storage_offset() != 0:
+        raise NotImplementedError("as_strided of a non-contiguous or offset tensor")
+    flat = x.reshape(-1)
+    index = jnp.asarray(int(storage_offset or 0), jnp.int64)
+    for axis, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[axis] = int(n)
+        index = index + (jnp.arange(int(n), dtype=jnp.int64) * int(s)).reshape(shape)
+    return flat[index] if len(size) else flat[index].reshape(())

@@ -1,0 +1,127 @@
+"""The table of lowering rules: ATen overload → a jax function that computes it.
+
+    @register_lowering(aten.add.Tensor, aten.add.Scalar, needs_ctx=True)
+    def add(ctx, a, b, *, alpha=1): ...
+
+An OpOverloadPacket (`aten.add`) expands to all its overloads. Registering an overload twice
+for the same platform is an error (import order must never decide which rule wins). A rule
+registered with `platform="tpu"` overrides the portable rule on that platform only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Iterable
+
+import torch
+from torch._ops import OpOverload, OpOverloadPacket
+
+from ..exc import RegistrationError
+
+RULE_MODULES = (
+    "pointwise",
+    "reduction",
+    "shape",
+    "indexing",
+    "linalg",
+    "nn",
+    "random",
+    "creation",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One registered lowering: `fn(*args, **kwargs)`, or `fn(ctx, *args, **kwargs)`."""
+
+    fn: Callable
+    op: OpOverload
+    platform: str | None
+    needs_ctx: bool
+    uses_rng: bool
+
+
+_RULES: dict[OpOverload, dict[str | None, Rule]] = {}
+_loaded = False
+
+
+def _overloads(op) -> Iterable[OpOverload]:
+    if isinstance(op, OpOverload):
+        return (op,)
+    if isinstance(op, OpOverloadPacket):
+        return tuple(getattr(op, name) for name in op.overloads())
+    raise RegistrationError(f"register_lowering expects ATen ops, got {op!r} ({type(op).__name__})")
+
+
+def register_lowering(
+    *ops, platform: str | None = None, needs_ctx: bool = False, uses_rng: bool = False
+):
+    """Register the decorated function as the lowering of every overload of `ops`."""
+
+    def decorate(fn: Callable) -> Callable:
+        for op in ops:
+            for overload in _overloads(op):
+                by_platform = _RULES.setdefault(overload, {})
+                if platform in by_platform:
+                    other = by_platform[platform].fn
+                    raise RegistrationError(
+                        f"{overload} already has a lowering for platform {platform!r} "
+                        f"({other.__module__}.{other.__qualname__}); {fn.__module__}."
+                        f"{fn.__qualname__} would replace it. Remove one of them."
+                    )
+                by_platform[platform] = Rule(fn, overload, platform, needs_ctx, uses_rng)
+        return fn
+
+    return decorate
+
+
+def load_rules() -> None:
+    """Import every rule family once (this is where jax is first imported)."""
+    global _loaded
+    if not _loaded:
+        for name in RULE_MODULES:
+            importlib.import_module(f"{__package__}.ops.{name}")
+        _loaded = True
+
+
+def lookup(op, platform: str | None = None) -> Rule | None:
+    """The rule for `op` on `platform` (a platform override first, else the portable rule)."""
+    load_rules()
+    by_platform = _RULES.get(op)
+    if not by_platform:
+        return None
+    return by_platform.get(platform) or by_platform.get(None)
+
+
+def registered_ops() -> list[OpOverload]:
+    """Every ATen overload with at least one rule."""
+    load_rules()
+    return sorted(_RULES, key=str)
+
+
+
+
+def supported(node: torch.fx.Node, platform: str | None = None) -> bool:
+    """Whether the interpreter can lower this call_function node (the partitioner asks)."""
+    from .interpreter import INTERPRETER_TARGETS
+
+    if node.op != "call_function":
+        return False
+    if node.target in INTERPRETER_TARGETS:
+        return True
+    if not isinstance(node.target, OpOverload) or lookup(node.target, platform) is None:
+        return False
+    return _values_supported(node)
+
+
+def _values_supported(node: torch.fx.Node) -> bool:
+    from . import dtypes
+
+    vals = node.meta.get("val")
+    for val in vals if isinstance(vals, (tuple, list)) else (vals,):
+        if isinstance(val, torch.Tensor) and (
+            not dtypes.is_supported(val.dtype) or val.layout != torch.strided or val.is_sparse
+        ):
+            return False
+    return True

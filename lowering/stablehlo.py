@@ -1,0 +1,157 @@
+"""`lower(gm, inputs, ...) -> LoweredModule`: an ATen FX graph as a StableHLO module.
+
+The graph is evaluated by the interpreter inside `jax.jit(...).trace(...)`, for the concrete
+input shapes given (SymInt inputs are specialized to their values), and lowered for one PJRT
+platform. The LoweredModule says how to call the module and rebuild torch's outputs: which
+graph inputs are tensors, what each graph output is (a module result or a Python value), which
+inputs the graph mutates, and whether it takes a per-call random seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..exc import LoweringError
+from . import dtypes
+from .interpreter import GraphRunner, flatten
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """Shape and torch dtype of one tensor crossing the module boundary."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def __str__(self) -> str:
+        return f"{str(self.dtype).removeprefix('torch.')}{list(self.shape)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputSlot:
+    """One graph output: module result number `result`, or the Python `value` when None."""
+
+    result: int | None
+    value: Any = None
+
+
+@dataclasses.dataclass
+class LoweredModule:
+    """A StableHLO module and how to call it from torch."""
+
+    bytecode: bytes
+    text: str
+    platform: str
+    tensor_inputs: tuple[int, ...]  # graph input positions passed to the module, in order
+    input_specs: tuple[TensorSpec, ...]
+    output_specs: tuple[TensorSpec, ...]  # one per module result, torch dtypes
+    outputs: tuple[OutputSlot, ...]  # one per graph output
+    mutations: tuple[tuple[int, int], ...]  # (graph input position, module result)
+    uses_rng: bool  # the module's first argument is a per-call int32[2] seed
+    x64: str  # the 64-bit policy it was lowered under
+
+    @property
+    def module_input_dtypes(self) -> tuple[torch.dtype, ...]:
+        """torch dtypes of the module's tensor arguments (narrowed under x64="narrow")."""
+        return tuple(dtypes.narrowed(s.dtype, self.x64) for s in self.input_specs)
+
+    @property
+    def module_output_dtypes(self) -> tuple[torch.dtype, ...]:
+        return tuple(dtypes.narrowed(s.dtype, self.x64) for s in self.output_specs)
+
+
+def input_spec(value) -> TensorSpec | None:
+    """The spec of a tensor input (None for Python scalars, which are specialized)."""
+    if isinstance(value, torch.Tensor):
+        return TensorSpec(tuple(int(d) for d in value.shape), value.dtype)
+    return None
+
+
+def lower(
+    gm: torch.fx.GraphModule,
+    inputs: Sequence[Any],
+    *,
+    platform: str = "cpu",
+    x64: str = "keep",
+) -> LoweredModule:
+    """Lower `gm` for `inputs` (tensors or fake tensors, and concrete ints) on `platform`."""
+    import jax
+
+    runner = GraphRunner(gm, x64=x64, platform=platform)
+    tensor_inputs = tuple(i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor))
+    specs = tuple(input_spec(inputs[i]) for i in tensor_inputs)
+    structure: dict[str, Any] = {}
+
+    def fn(*args):
+        values = list(inputs)
+        if runner.uses_rng:
+            seed, args = args[0], args[1:]
+            base = jax.random.wrap_key_data(jax.lax.bitcast_convert_type(seed, jax.numpy.uint32))
+            rng = lambda index: jax.random.fold_in(base, index)  # noqa: E731
+        else:
+            rng = None
+        for position, arg in zip(tensor_inputs, args):
+            values[position] = arg
+        flat = runner.run(values, rng)
+        results, slots = [], []
+        for value in flat:
+            if isinstance(value, jax.Array):
+                slots.append(OutputSlot(len(results)))
+                results.append(value)
+            else:
+                slots.append(OutputSlot(None, value))
+        mutations = []
+        for position, value in runner.mutations.items():
+            mutations.append((position, len(results)))
+            results.append(value)
+        structure.update(slots=tuple(slots), mutations=tuple(mutations))
+        return tuple(results)
+
+    arg_specs = [jax.ShapeDtypeStruct(s.shape, dtypes.to_jax(dtypes.narrowed(s.dtype, x64))) for s in specs]
+    if runner.uses_rng:
+        arg_specs.insert(0, jax.ShapeDtypeStruct((2,), jax.numpy.int32))
+    with dtypes.x64_scope(x64):
+        traced = jax.jit(fn, keep_unused=True).trace(*arg_specs)
+        lowered = traced.lower(lowering_platforms=(platform,))
+    module = lowered.compiler_ir("stablehlo")
+    output_specs = _output_specs(gm, structure["slots"], structure["mutations"], inputs)
+    from jax._src.interpreters import mlir
+
+    return LoweredModule(
+        bytecode=mlir.module_to_bytecode(module),
+        text=str(module),
+        platform=platform,
+        tensor_inputs=tensor_inputs,
+        input_specs=specs,
+        output_specs=output_specs,
+        outputs=structure["slots"],
+        mutations=structure["mutations"],
+        uses_rng=runner.uses_rng,
+        x64=x64,
+    )
+
+
+def _output_specs(gm, slots, mutations, inputs) -> tuple[TensorSpec, ...]:
+    """torch dtypes of the module results, from the output node's metadata."""
+    output_node = next(n for n in gm.graph.nodes if n.op == "output")
+    flat_nodes = list(flatten(output_node.args[0]))
+    specs: list[TensorSpec | None] = []
+    for node, slot in zip(flat_nodes, slots):
+        if slot.result is None:
+            continue
+        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor):
+            raise LoweringError(f"graph output {node} has no tensor metadata (meta['val'])")
+        specs.append(TensorSpec(_static_shape(val.shape), val.dtype))
+    for position, _ in mutations:
+        specs.append(input_spec(inputs[position]))
+    return tuple(specs)
+
+
+def _static_shape(shape) -> tuple[int, ...]:
+    return tuple(d if isinstance(d, int) else -1 for d in shape)
+

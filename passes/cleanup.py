@@ -1,0 +1,30 @@
+"""cleanup: remove dead nodes and no-op aliases.
+
+Assumes a functional ATen graph (AOTAutograd output). Preserves every output, every input
+mutation (`copy_` into a placeholder is impure and stays) and `node.meta`.
+
+    y = alias(x)   -> uses of y read x
+    dead node      -> removed
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+
+aten = torch.ops.aten
+
+_NOOP_ALIASES = (aten.alias.default, aten.lift_fresh_copy.default)
+
+
+def run(gm: torch.fx.GraphModule, rewrites: collections.Counter) -> torch.fx.GraphModule:
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target in _NOOP_ALIASES:
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+            rewrites["alias_removed"] += 1
+    before = len(gm.graph.nodes)
+    gm.graph.eliminate_dead_code()
+    rewrites["dead_removed"] += before - len(gm.graph.nodes)
+    return gm

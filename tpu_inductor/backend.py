@@ -1,0 +1,61 @@
+"""The Dynamo backend `tpu_inductor`, found through the `torch_dynamo_backends` entry point.
+
+Options are parsed and validated first; then AOTAutograd functionalizes the Dynamo graph,
+decomposes it to core ATen and splits forward from backward, and hands each graph to
+`compile_fx.compile_graph`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .config import Options
+
+
+def tpu_inductor(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    options: dict[str, Any] | None = None,
+    mode: str | None = None,
+):
+    """Compile a Dynamo FX graph; returns a callable with the graph's calling convention."""
+    opts = Options.from_user(options, mode)
+    from torch._dynamo.backends.common import aot_autograd
+
+    from .compile_fx import compile_graph
+
+    def forward_compiler(fx_graph, inputs):
+        return compile_graph(fx_graph, inputs, opts, static_inputs=_static_input_indices())
+
+    def backward_compiler(fx_graph, inputs):
+        return compile_graph(fx_graph, inputs, opts)
+
+    return aot_autograd(
+        fw_compiler=forward_compiler,
+        bw_compiler=backward_compiler,
+        inference_compiler=forward_compiler,
+        decompositions=_decompositions(),
+        keep_inference_input_mutations=True,
+    )(gm, example_inputs)
+
+
+@functools.cache
+def _decompositions() -> dict:
+    """Core ATen decompositions, less the ops we lower better whole."""
+    from torch._decomp import core_aten_decompositions
+
+    return dict(core_aten_decompositions())
+
+
+def _static_input_indices() -> tuple[int, ...]:
+    """Positions of parameters and buffers among the forward graph's inputs (kept resident)."""
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None) if context else None
+    return tuple(getattr(metadata, "static_input_indices", None) or ())

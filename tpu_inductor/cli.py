@@ -1,0 +1,40 @@
+"""The `tpu-inductor` command: `--version`, `devices`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import __version__
+
+
+def _devices(_args) -> int:
+    from . import runtime
+
+    platforms = runtime.available_platforms()
+    best = runtime.select_device("auto")
+    for name, devices in platforms.items():
+        marker = "  (default)" if name == best.platform else ""
+        print(f"{name}: {len(devices)} device(s){marker}")
+        for device in devices:
+            print(f"  {device.id}: {getattr(device, 'device_kind', name)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tpu-inductor", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"tpu-inductor {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("devices", help="list the PJRT platforms and devices found").set_defaults(
+        run=_devices
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""`compile_graph(gm, example_inputs, options)`: the one place that orders the stages.
+
+Per ATen graph from AOTAutograd:
+  1 partition  supported nodes → compiled regions; the rest stays in eager torch, reported
+  2 passes     passes.pipeline (cleanup → bucket_shapes → fuse_patterns → annotate_sharding)
+  3 lower      lowering.stablehlo.lower: FX → jax → StableHLO
+  4 compile    cache lookup → PJRT compile → cache store
+  5 wrap       runtime.CompiledGraph: torch in → device → torch out
+
+Graphs whose inputs have symbolic sizes are specialized per concrete size (keyed by the sizes,
+one log line per compile) until the bucketing pass lands.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from . import cache, runtime
+from .config import Options
+from .exc import UnsupportedOpError
+
+log = logging.getLogger(__name__)
+
+
+def compile_graph(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: Options,
+    *,
+    static_inputs: Sequence[int] = (),
+) -> Callable[[list], list]:
+    """Compile an ATen graph; returns a boxed callable (takes a list of inputs)."""
+    from .lowering import interpreter
+
+    device = runtime.select_device(options.device)
+    missing = interpreter.missing_ops(gm, device.lowering_platform)
+    if missing:
+        _report_missing(missing, options)
+        from torch._functorch.aot_autograd import make_boxed_func
+
+        return make_boxed_func(_compile_partitioned(gm, options, device))
+    return _compile_region(gm, example_inputs, options, device, static_inputs)
+
+
+def _report_missing(missing: dict[str, list[str]], options: Options) -> None:
+    if options.fallback == "error":
+        lines = [
+            f"  {op} ({len(sites)}x): " + "; ".join(dict.fromkeys(sites))
+            for op, sites in sorted(missing.items())
+        ]
+        raise UnsupportedOpError(
+            "tpu_inductor: these ATen ops have no lowering rule:\n"
+            + "\n".join(lines)
+            + "\nRemove options={'fallback': 'error'} to run them in eager torch, or add rules "
+            "(README: 'Adding a lowering rule')."
+        )
+    summary = ", ".join(f"{op} x{len(sites)}" for op, sites in sorted(missing.items()))
+    log.warning(
+        "tpu_inductor: running ops without a lowering in eager torch (graph split): %s", summary
+    )
+
+
+def _compile_partitioned(gm, options: Options, device) -> torch.fx.GraphModule:
+    """Fuse supported nodes into regions compiled by us; the rest of `gm` runs in eager torch."""
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.operator_support import create_op_support
+
+    from .lowering import registry
+
+    support = create_op_support(
+        lambda _modules, node: registry.supported(node, device.lowering_platform)
+    )
+    partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
+    partitions = [p for p in partitioner.propose_partitions() if _has_computation(p.nodes)]
+    fused = partitioner.fuse_partitions(partitions)
+    for name, sub in list(fused.named_children()):
+        if name.startswith("fused_"):
+            compiled = _compile_region(sub, None, options, device, ())
+            setattr(fused, name, _Unboxed(compiled, _returns_tuple(sub)))
+    fused.recompile()
+    log.info("tpu_inductor: compiled %d region(s); the rest runs in eager torch", len(partitions))
+    return fused
+
+
+def _has_computation(nodes) -> bool:
+    from .lowering.interpreter import INTERPRETER_TARGETS
+
+    return any(n.target not in INTERPRETER_TARGETS or n.target is torch.ops.aten.copy_.default
+               for n in nodes)
+
+
+def _returns_tuple(gm: torch.fx.GraphModule) -> bool:
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    return isinstance(output.args[0], (tuple, list))
+
+
+class _Unboxed(torch.nn.Module):
+    """A compiled region called from an FX graph with positional arguments."""
+
+    def __init__(self, compiled, returns_tuple: bool):
+        super().__init__()
+        self.compiled = compiled
+        self.returns_tuple = returns_tuple
+
+    def forward(self, *args):
+        outs = self.compiled(list(args))
+        return tuple(outs) if self.returns_tuple else outs[0]
+
+
+def _compile_region(gm, example_inputs, options: Options, device, static_inputs):
+    from .passes import pipeline
+
+    gm = pipeline.run_passes(gm, options.disable_passes)
+    if example_inputs is None:
+        example_inputs = _placeholder_values(gm)
+    specialize = _Specializer(gm, options, device, static_inputs)
+    if example_inputs is not None and all(_is_concrete(v) for v in example_inputs):
+        return specialize(example_inputs)
+    return SpecializingGraph(specialize)
+
+
+def _placeholder_values(gm) -> list | None:
+    values = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    return None if any(v is None for v in values) else values
+
+
+def _is_concrete(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return all(isinstance(d, int) for d in value.shape)
+    return not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+class _Specializer:
+    """Stages 3-5 for one set of concrete input sizes, through the compile cache."""
+
+    def __init__(self, gm, options: Options, device, static_inputs):
+        self.gm = gm
+        self.options = options
+        self.device = device
+        self.static_inputs = tuple(static_inputs)
+        self.graph_entry = _graph_fingerprint(gm)
+
+    def __call__(self, inputs: Sequence[Any]) -> runtime.CompiledGraph:
+        from .passes import pipeline
+
+        entries = [
+            ("graph", self.graph_entry),
+            ("inputs", _input_signature(inputs)),
+            ("options", self.options.cache_key_entries()),
+            ("passes", pipeline.pass_fingerprint(self.options.disable_passes)),
+            ("device", (self.device.platform, self.device.kind)),
+            ("versions", _versions()),
+        ]
+        executable, lowered = cache.memory_cache.get_or_compile(
+            entries, lambda: self._lower_and_compile(inputs)
+        )
+        static = self.static_inputs if self.options.resident_params else ()
+        return runtime.CompiledGraph(executable, lowered, self.device, static)
+
+    def _lower_and_compile(self, inputs):
+        from .lowering import stablehlo
+
+        start = time.perf_counter()
+        lowered = stablehlo.lower(
+            self.gm, inputs, platform=self.device.lowering_platform, x64=self.options.x64
+        )
+        lowered_at = time.perf_counter()
+        executable = runtime.compile_stablehlo(lowered.bytecode, self.device)
+        log.info(
+            "tpu_inductor: compiled graph for inputs %s: lower %.2fs, PJRT compile %.2fs",
+            _input_signature(inputs),
+            lowered_at - start,
+            time.perf_counter() - lowered_at,
+        )
+        return executable, lowered
+
+
+class SpecializingGraph:
+    """A graph with symbolic sizes, compiled once per concrete input signature."""
+
+    def __init__(self, specialize: _Specializer):
+        self._boxed_call = True  # an instance attribute: wrappers copy __dict__, not the class
+        self._specialize = specialize
+        self._compiled: dict[tuple, runtime.CompiledGraph] = {}
+
+    def __call__(self, args: list) -> list:
+        key = _input_signature(args)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            if self._compiled:
+                log.info(
+                    "tpu_inductor: recompiling for new input sizes %s (compiled before: %s); "
+                    "shape bucketing will avoid this",
+                    key,
+                    list(self._compiled),
+                )
+            compiled = self._compiled[key] = self._specialize(args)
+        return compiled(args)
+
+
+def _input_signature(inputs: Sequence[Any]) -> tuple:
+    return tuple(
+        (tuple(int(d) for d in v.shape), str(v.dtype)) if isinstance(v, torch.Tensor) else v
+        for v in inputs
+    )
+
+
+def _graph_fingerprint(gm: torch.fx.GraphModule) -> str:
+    """The graph's code plus a hash of every tensor constant it reads."""
+    digest = hashlib.sha256(gm.code.encode())
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = gm
+            for part in node.target.split("."):
+                value = getattr(value, part)
+            if isinstance(value, torch.Tensor):
+                data = value.detach().cpu().contiguous()
+                digest.update(f"{node.target}:{data.dtype}:{tuple(data.shape)}".encode())
+                digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return digest.hexdigest()
+
+
+def _versions() -> tuple:
+    import jax
+    import jaxlib
+
+    from . import __version__
+
+    return (torch.__version__, jax.__version__, jaxlib.__version__, __version__)

@@ -1,0 +1,116 @@
+"""Options of the backend: one typed dataclass, each knob with a default and an env override.
+
+`torch.compile(m, backend="tpu_inductor", options={...})` passes a dict that is validated here
+up front; defaults come from `TPU_INDUCTOR_<NAME>` environment variables, then from the field
+default. Knobs listed in `NOT_IN_CACHE_KEY` do not change what is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from .exc import OptionError
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "device": ("auto", "tpu", "gpu", "cpu"),
+    "fallback": ("eager", "error"),
+    "x64": ("keep", "narrow"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Validated options of one `torch.compile(..., backend="tpu_inductor")` call."""
+
+    # PJRT platform to run on; "auto" picks the best present: tpu > gpu > cpu.
+    device: str = "auto"
+    # What to do with ops that have no lowering: run them in eager torch ("eager") or raise.
+    fallback: str = "eager"
+    # 64-bit policy: "keep" computes int64/float64 as torch does; "narrow" lowers them to 32 bits.
+    x64: str = "keep"
+    # Keep parameters and buffers on the device between calls, re-sent when their version changes.
+    resident_params: bool = True
+    # Passes to skip, by name (for bisecting a miscompile).
+    disable_passes: tuple[str, ...] = ()
+
+    @classmethod
+    def from_user(cls, options: dict[str, Any] | None = None, mode: str | None = None) -> Options:
+        """Build Options from env defaults overridden by the user's dict; validate everything."""
+        if mode not in (None, "default"):
+            raise OptionError(
+                f"tpu_inductor: mode={mode!r} is not supported; use mode=None or 'default' "
+                "(tune with options={...} instead)."
+            )
+        values = _env_defaults()
+        for key, value in (options or {}).items():
+            if key not in _FIELDS:
+                raise OptionError(
+                    f"tpu_inductor: unknown option {key!r} (value {value!r}). "
+                    f"Allowed options: {', '.join(sorted(_FIELDS))}."
+                )
+            values[key] = value
+        return cls(**{k: _check(k, v) for k, v in values.items()})
+
+    def cache_key_entries(self) -> dict[str, Any]:
+        """The options that change compiled code, for the compile cache key."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in NOT_IN_CACHE_KEY
+        }
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Options)}
+
+# Knobs that never change the compiled program.
+NOT_IN_CACHE_KEY = frozenset({"resident_params"})
+
+
+def _env_defaults() -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name in _FIELDS:
+        raw = os.environ.get(f"TPU_INDUCTOR_{name.upper()}")
+        if raw is not None:
+            values[name] = _parse_env(name, raw)
+    return values
+
+
+def _parse_env(name: str, raw: str) -> Any:
+    kind = _FIELDS[name].type
+    if kind == "bool":
+        lowered = raw.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise OptionError(
+            f"tpu_inductor: environment variable TPU_INDUCTOR_{name.upper()}={raw!r} is not a "
+            "boolean; use 1/0, true/false, yes/no or on/off."
+        )
+    if kind.startswith("tuple"):
+        return tuple(part for part in raw.split(",") if part)
+    return raw
+
+
+def _check(name: str, value: Any) -> Any:
+    kind = _FIELDS[name].type
+    if name in _CHOICES:
+        if value not in _CHOICES[name]:
+            raise OptionError(
+                f"tpu_inductor: option {name!r} has value {value!r}; "
+                f"allowed values: {', '.join(map(repr, _CHOICES[name]))}."
+            )
+        return value
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise OptionError(f"tpu_inductor: option {name!r} must be True or False, got {value!r}.")
+        return value
+    if kind.startswith("tuple"):
+        if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+            raise OptionError(
+                f"tpu_inductor: option {name!r} must be a list of names, got {value!r}."
+            )
+        return tuple(value)
+    raise AssertionError(f"unhandled option type {kind} for {name}")  # a bug in this module

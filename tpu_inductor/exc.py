@@ -1,0 +1,43 @@
+"""Typed errors of tpu_inductor: each names the thing, shows the value and says what to do."""
+
+from __future__ import annotations
+
+
+class TpuInductorError(Exception):
+    """Base class of every error tpu_inductor raises on purpose."""
+
+
+class OptionError(TpuInductorError, ValueError):
+    """An unknown option key or a bad option value."""
+
+
+class UnsupportedOpError(TpuInductorError):
+    """A graph holds ATen ops with no lowering rule and the fallback policy is "error"."""
+
+
+class LoweringError(TpuInductorError):
+    """A lowering rule failed or produced a result that disagrees with the FX node's metadata."""
+
+
+class RegistrationError(TpuInductorError):
+    """A lowering rule was registered twice, or for something that is not an ATen op."""
+
+
+class CompileError(TpuInductorError):
+    """PJRT failed to compile a lowered module."""
+
+
+class DeviceError(TpuInductorError):
+    """The requested PJRT platform or device is not available."""
+
+
+class InputMismatchError(TpuInductorError, ValueError):
+    """A compiled callable was given inputs that do not match what it was compiled for."""
+
+
+class CacheError(TpuInductorError):
+    """The compile cache cannot be used (e.g. an unsafe cache directory)."""
+
+
+class ArtifactError(TpuInductorError):
+    """An AOT artifact is damaged or was built for another version or platform."""

@@ -1,0 +1,195 @@
+"""Devices, PJRT compilation, transfer and execution: torch in → device → torch out.
+
+`CompiledGraph.__call__` is the hot path. Everything that can be decided once is decided in
+`__init__`: which inputs cross as tensors, which need a dtype cast, which are parameters kept
+resident on the device (re-sent only when their version changes), how outputs are rebuilt.
+
+On the CPU platform tensors cross zero-copy through dlpack when they are contiguous and
+aligned; anything else (a transposed or sliced view) is copied to a fresh contiguous tensor
+first: executing PJRT on a transposed zero-copy view returns wrong numbers.
+
+This module reads a lowered module's call description (tensor_inputs, outputs, mutations, ...)
+but never imports the lowering package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .exc import CompileError, DeviceError
+
+log = logging.getLogger(__name__)
+
+# PJRT platform names by our device option, best first.
+_PREFERENCE = ("tpu", "gpu", "cpu")
+# jax's lowering platform for a PJRT client platform.
+_LOWERING_PLATFORM = {"tpu": "tpu", "gpu": "cuda", "cuda": "cuda", "rocm": "rocm", "cpu": "cpu"}
+_ALIGNMENT = 64  # bytes; XLA:CPU wants aligned buffers for zero-copy
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """A PJRT client and the device of it that graphs run on."""
+
+    client: Any
+    device: Any
+    platform: str  # the client's platform: "cpu", "gpu", "tpu"
+
+    @property
+    def lowering_platform(self) -> str:
+        return _LOWERING_PLATFORM.get(self.platform, self.platform)
+
+    @property
+    def kind(self) -> str:
+        return getattr(self.device, "device_kind", self.platform)
+
+    def __str__(self) -> str:
+        return f"{self.platform}:{self.device.id} ({self.kind})"
+
+
+def available_platforms() -> dict[str, list[Any]]:
+    """Every PJRT platform jax can open here → its devices."""
+    import jax
+
+    found: dict[str, list[Any]] = {}
+    for name in _PREFERENCE:
+        try:
+            found[name] = jax.devices(name)
+        except RuntimeError:
+            continue
+    return found
+
+
+@functools.cache
+def select_device(name: str = "auto") -> Device:
+    """The device for option `device`: a platform name, or "auto" for the best present."""
+    import jax.extend.backend as jeb
+
+    platforms = available_platforms()
+    if name == "auto":
+        name = next(p for p in _PREFERENCE if p in platforms)
+    if name not in platforms:
+        raise DeviceError(
+            f"tpu_inductor: device {name!r} was requested but no such PJRT platform is present "
+            f"(found: {', '.join(platforms) or 'none'}). Install its PJRT plugin (e.g. libtpu, "
+            "jax[cuda12]) or choose another with options={'device': ...} / TPU_INDUCTOR_DEVICE."
+        )
+    device = platforms[name][0]
+    return Device(client=jeb.get_backend(name), device=device, platform=name)
+
+
+def compile_stablehlo(module: bytes | str, device: Device):
+    """PJRT-compile a StableHLO module (bytecode or text) for one device; returns the executable."""
+    from jax._src import compiler
+    from jax._src.lib import xla_client
+
+    options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
+    try:
+        return device.client.compile_and_load(
+            module, xla_client.DeviceList((device.device,)), options
+        )
+    except Exception as e:  # PJRT raises its own runtime error type
+        raise CompileError(f"PJRT failed to compile the module for {device}: {e}") from e
+
+
+def _dlpack_importer():
+    """A function torch tensor → jax array on CPU, zero-copy, keeping int64/float64 as they are."""
+    from jax._src.lib import _jax
+
+    def fast(tensor, device):
+        return _jax.dlpack_managed_tensor_to_buffer(tensor.__dlpack__(), device, None, None)
+
+    return fast
+
+
+class CompiledGraph:
+    """A compiled executable with the torch calling convention (boxed: takes a list of args)."""
+
+    def __init__(self, executable, lowered, device: Device, static_inputs: Sequence[int] = ()):
+        self._boxed_call = True  # an instance attribute: wrappers copy __dict__, not the class
+        self.executable = executable
+        self.lowered = lowered
+        self.device = device
+        self._on_cpu = device.platform == "cpu"
+        self._import = _dlpack_importer()
+        self._host = device.device if self._on_cpu else _cpu_device()
+        self._inputs = tuple(
+            (position, spec.dtype if spec.dtype != module_dtype else None)
+            for position, spec, module_dtype in zip(
+                lowered.tensor_inputs, lowered.input_specs, lowered.module_input_dtypes
+            )
+        )
+        self._static = frozenset(static_inputs) & set(lowered.tensor_inputs)
+        self._resident: dict[int, tuple[torch.Tensor, int, Any]] = {}
+        self._output_casts = tuple(
+            spec.dtype if spec.dtype != module_dtype else None
+            for spec, module_dtype in zip(lowered.output_specs, lowered.module_output_dtypes)
+        )
+        self.calls = 0
+
+    def __call__(self, args: list) -> list:
+        arrays = [self._argument(args, position, cast) for position, cast in self._inputs]
+        if self.lowered.uses_rng:
+            arrays.insert(0, self._put(torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32)))
+        results = self.executable.execute_sharded(arrays).disassemble_into_single_device_arrays()
+        outs = [self._to_torch(r[0], cast) for r, cast in zip(results, self._output_casts)]
+        for position, result in self.lowered.mutations:
+            args[position].copy_(outs[result])
+        self.calls += 1
+        value = [
+            slot.value if slot.result is None else outs[slot.result]
+            for slot in self.lowered.outputs
+        ]
+        args.clear()
+        return value
+
+    def _argument(self, args, position: int, cast):
+        tensor = args[position]
+        if position in self._static:
+            cached = self._resident.get(position)
+            if cached is not None and cached[0] is tensor and cached[1] == tensor._version:
+                return cached[2]
+            array = self._put(tensor if cast is None else tensor.to(cast))
+            self._resident[position] = (tensor, tensor._version, array)
+            return array
+        return self._put(tensor if cast is None else tensor.to(cast))
+
+    def _put(self, tensor: torch.Tensor):
+        tensor = tensor.detach()
+        if not tensor.is_contiguous() or tensor.data_ptr() % _ALIGNMENT:
+            tensor = tensor.contiguous() if not tensor.is_contiguous() else tensor.clone()
+        array = self._import(tensor, self._host)
+        if self._on_cpu:
+            return array
+        import jax
+
+        return jax.device_put(array, self.device.device)
+
+    def _to_torch(self, array, cast):
+        if self._on_cpu:
+            out = torch.from_dlpack(array)
+        else:
+            out = _host_tensor(array)
+        return out if cast is None else out.to(cast)
+
+
+def _cpu_device():
+    import jax
+
+    return jax.devices("cpu")[0]
+
+
+def _host_tensor(array) -> torch.Tensor:
+    """Copy a device array to a CPU torch tensor (bfloat16 through its bits)."""
+    import numpy as np
+
+    host = np.asarray(array)
+    if host.dtype.name == "bfloat16":
+        return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(host))
