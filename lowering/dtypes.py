@@ -29,7 +29,11 @@ _TORCH_TO_NUMPY_NAME = {
     torch.float8_e5m2: "float8_e5m2",
 }
 
-_NARROW = {torch.int64: torch.int32, torch.float64: torch.float32, torch.complex128: torch.complex64}
+_NARROW = {
+    torch.int64: torch.int32,
+    torch.float64: torch.float32,
+    torch.complex128: torch.complex64,
+}
 
 
 def is_supported(dtype: torch.dtype) -> bool:

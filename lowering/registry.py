@@ -100,8 +100,6 @@ def registered_ops() -> list[OpOverload]:
     return sorted(_RULES, key=str)
 
 
-
-
 def supported(node: torch.fx.Node, platform: str | None = None) -> bool:
     """Whether the interpreter can lower this call_function node (the partitioner asks)."""
     from .interpreter import INTERPRETER_TARGETS

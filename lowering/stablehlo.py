@@ -111,7 +111,9 @@ def lower(
         structure.update(slots=tuple(slots), mutations=tuple(mutations))
         return tuple(results)
 
-    arg_specs = [jax.ShapeDtypeStruct(s.shape, dtypes.to_jax(dtypes.narrowed(s.dtype, x64))) for s in specs]
+    arg_specs = [
+        jax.ShapeDtypeStruct(s.shape, dtypes.to_jax(dtypes.narrowed(s.dtype, x64))) for s in specs
+    ]
     if runner.uses_rng:
         arg_specs.insert(0, jax.ShapeDtypeStruct((2,), jax.numpy.int32))
     with dtypes.x64_scope(x64):
@@ -154,4 +156,3 @@ def _output_specs(gm, slots, mutations, inputs) -> tuple[TensorSpec, ...]:
 
 def _static_shape(shape) -> tuple[int, ...]:
     return tuple(d if isinstance(d, int) else -1 for d in shape)
-

@@ -29,16 +29,17 @@ def tpu_inductor(
 
     from .compile_fx import compile_graph
 
-    def forward_compiler(fx_graph, inputs):
-        return compile_graph(fx_graph, inputs, opts, static_inputs=_static_input_indices())
+    def compiler(kind: str):
+        def compile_one(fx_graph, inputs):
+            static = _static_input_indices() if kind != "backward" else ()
+            return compile_graph(fx_graph, inputs, opts, static_inputs=static, kind=kind)
 
-    def backward_compiler(fx_graph, inputs):
-        return compile_graph(fx_graph, inputs, opts)
+        return compile_one
 
     return aot_autograd(
-        fw_compiler=forward_compiler,
-        bw_compiler=backward_compiler,
-        inference_compiler=forward_compiler,
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        inference_compiler=compiler("inference"),
         decompositions=_decompositions(),
         keep_inference_input_mutations=True,
     )(gm, example_inputs)

@@ -1,11 +1,19 @@
-"""The `tpu-inductor` command: `--version`, `devices`."""
+"""The `tpu-inductor` command: `--version`, `devices`, and the subcommands of other rooms.
+
+Each module named in `SUBCOMMAND_MODULES` provides `add_subcommands(commands)`, which adds its
+argparse subparsers and sets `run=` on each (a function args -> exit code).
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from . import __version__
+
+# Modules of this package that add subcommands (each: add_subcommands(commands)).
+SUBCOMMAND_MODULES: tuple[str, ...] = ()
 
 
 def _devices(_args) -> int:
@@ -28,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("devices", help="list the PJRT platforms and devices found").set_defaults(
         run=_devices
     )
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(f"{__package__}.{name}").add_subcommands(commands)
     return parser
 
 

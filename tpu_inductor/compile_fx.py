@@ -14,18 +14,20 @@ one log line per compile) until the bucketing pass lands.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from . import cache, runtime
+from . import cache, debug, runtime
 from .config import Options
 from .exc import UnsupportedOpError
 
 log = logging.getLogger(__name__)
+
+_graph_ids = itertools.count()
 
 
 def compile_graph(
@@ -34,8 +36,13 @@ def compile_graph(
     options: Options,
     *,
     static_inputs: Sequence[int] = (),
+    kind: str = "graph",
 ) -> Callable[[list], list]:
-    """Compile an ATen graph; returns a boxed callable (takes a list of inputs)."""
+    """Compile an ATen graph; returns a boxed callable (takes a list of inputs).
+
+    `kind` ("forward", "backward", "inference") names the graph in logs and compile records.
+    """
+    name = f"{kind}_{next(_graph_ids)}"
     from .lowering import interpreter
 
     device = runtime.select_device(options.device)
@@ -44,8 +51,8 @@ def compile_graph(
         _report_missing(missing, options)
         from torch._functorch.aot_autograd import make_boxed_func
 
-        return make_boxed_func(_compile_partitioned(gm, options, device))
-    return _compile_region(gm, example_inputs, options, device, static_inputs)
+        return make_boxed_func(_compile_partitioned(gm, options, device, name))
+    return _compile_region(gm, example_inputs, options, device, static_inputs, name)
 
 
 def _report_missing(missing: dict[str, list[str]], options: Options) -> None:
@@ -66,7 +73,7 @@ def _report_missing(missing: dict[str, list[str]], options: Options) -> None:
     )
 
 
-def _compile_partitioned(gm, options: Options, device) -> torch.fx.GraphModule:
+def _compile_partitioned(gm, options: Options, device, name: str) -> torch.fx.GraphModule:
     """Fuse supported nodes into regions compiled by us; the rest of `gm` runs in eager torch."""
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import create_op_support
@@ -79,10 +86,10 @@ def _compile_partitioned(gm, options: Options, device) -> torch.fx.GraphModule:
     partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     partitions = [p for p in partitioner.propose_partitions() if _has_computation(p.nodes)]
     fused = partitioner.fuse_partitions(partitions)
-    for name, sub in list(fused.named_children()):
-        if name.startswith("fused_"):
-            compiled = _compile_region(sub, None, options, device, ())
-            setattr(fused, name, _Unboxed(compiled, _returns_tuple(sub)))
+    for region, sub in list(fused.named_children()):
+        if region.startswith("fused_"):
+            compiled = _compile_region(sub, None, options, device, (), f"{name}.{region}")
+            setattr(fused, region, _Unboxed(compiled, _returns_tuple(sub)))
     fused.recompile()
     log.info("tpu_inductor: compiled %d region(s); the rest runs in eager torch", len(partitions))
     return fused
@@ -91,8 +98,10 @@ def _compile_partitioned(gm, options: Options, device) -> torch.fx.GraphModule:
 def _has_computation(nodes) -> bool:
     from .lowering.interpreter import INTERPRETER_TARGETS
 
-    return any(n.target not in INTERPRETER_TARGETS or n.target is torch.ops.aten.copy_.default
-               for n in nodes)
+    return any(
+        n.target not in INTERPRETER_TARGETS or n.target is torch.ops.aten.copy_.default
+        for n in nodes
+    )
 
 
 def _returns_tuple(gm: torch.fx.GraphModule) -> bool:
@@ -113,13 +122,13 @@ class _Unboxed(torch.nn.Module):
         return tuple(outs) if self.returns_tuple else outs[0]
 
 
-def _compile_region(gm, example_inputs, options: Options, device, static_inputs):
+def _compile_region(gm, example_inputs, options: Options, device, static_inputs, name: str):
     from .passes import pipeline
 
     gm = pipeline.run_passes(gm, options.disable_passes)
     if example_inputs is None:
         example_inputs = _placeholder_values(gm)
-    specialize = _Specializer(gm, options, device, static_inputs)
+    specialize = _Specializer(gm, options, device, static_inputs, name)
     if example_inputs is not None and all(_is_concrete(v) for v in example_inputs):
         return specialize(example_inputs)
     return SpecializingGraph(specialize)
@@ -139,7 +148,8 @@ def _is_concrete(value) -> bool:
 class _Specializer:
     """Stages 3-5 for one set of concrete input sizes, through the compile cache."""
 
-    def __init__(self, gm, options: Options, device, static_inputs):
+    def __init__(self, gm, options: Options, device, static_inputs, name: str):
+        self.name = name
         self.gm = gm
         self.options = options
         self.device = device
@@ -157,26 +167,28 @@ class _Specializer:
             ("device", (self.device.platform, self.device.kind)),
             ("versions", _versions()),
         ]
+        record = debug.new_record(self.name, _input_signature(inputs))
         executable, lowered = cache.memory_cache.get_or_compile(
-            entries, lambda: self._lower_and_compile(inputs)
+            entries, lambda: self._lower_and_compile(inputs, record)
         )
         static = self.static_inputs if self.options.resident_params else ()
         return runtime.CompiledGraph(executable, lowered, self.device, static)
 
-    def _lower_and_compile(self, inputs):
+    def _lower_and_compile(self, inputs, record: debug.CompileRecord):
         from .lowering import stablehlo
 
-        start = time.perf_counter()
-        lowered = stablehlo.lower(
-            self.gm, inputs, platform=self.device.lowering_platform, x64=self.options.x64
-        )
-        lowered_at = time.perf_counter()
-        executable = runtime.compile_stablehlo(lowered.bytecode, self.device)
+        with record.stage("lower"):
+            lowered = stablehlo.lower(
+                self.gm, inputs, platform=self.device.lowering_platform, x64=self.options.x64
+            )
+        with record.stage("pjrt_compile"):
+            executable = runtime.compile_stablehlo(lowered.bytecode, self.device)
         log.info(
-            "tpu_inductor: compiled graph for inputs %s: lower %.2fs, PJRT compile %.2fs",
-            _input_signature(inputs),
-            lowered_at - start,
-            time.perf_counter() - lowered_at,
+            "tpu_inductor: compiled %s for inputs %s: lower %.2fs, PJRT compile %.2fs",
+            self.name,
+            record.inputs,
+            record.timings["lower"],
+            record.timings["pjrt_compile"],
         )
         return executable, lowered
 

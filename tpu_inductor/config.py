@@ -105,7 +105,9 @@ def _check(name: str, value: Any) -> Any:
         return value
     if kind == "bool":
         if not isinstance(value, bool):
-            raise OptionError(f"tpu_inductor: option {name!r} must be True or False, got {value!r}.")
+            raise OptionError(
+                f"tpu_inductor: option {name!r} must be True or False, got {value!r}."
+            )
         return value
     if kind.startswith("tuple"):
         if isinstance(value, str) or not all(isinstance(v, str) for v in value):

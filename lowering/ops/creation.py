@@ -26,16 +26,23 @@ def full_like(ctx, x, fill_value, *args, **_kw):
     return _full(ctx, fill_value)
 
 
-@register_lowering(aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default,
-                   aten.empty.memory_format, aten.empty_like.default, aten.new_empty.default,
-                   aten.empty_strided.default, aten.new_empty_strided.default, needs_ctx=True)
+@register_lowering(
+    aten.zeros.default,
+    aten.zeros_like.default,
+    aten.new_zeros.default,
+    aten.empty.memory_format,
+    aten.empty_like.default,
+    aten.new_empty.default,
+    aten.empty_strided.default,
+    aten.new_empty_strided.default,
+    needs_ctx=True,
+)
 def zeros(ctx, *_args, **_kw):
     # empty* are zeros: their contents are unspecified, and deterministic is better.
     return _full(ctx, 0)
 
 
-@register_lowering(aten.ones.default, aten.ones_like.default, aten.new_ones.default,
-                   needs_ctx=True)
+@register_lowering(aten.ones.default, aten.ones_like.default, aten.new_ones.default, needs_ctx=True)
 def ones(ctx, *_args, **_kw):
     return _full(ctx, 1)
 
@@ -55,11 +62,16 @@ def zero(ctx, x):
     return jnp.zeros(x.shape, ctx.out_dtype)
 
 
-@register_lowering(aten.arange.default, aten.arange.start, aten.arange.start_step,
-                   needs_ctx=True)
+@register_lowering(aten.arange.default, aten.arange.start, aten.arange.start_step, needs_ctx=True)
 def arange(ctx, *args, **_kw):
     numbers = [a for a in args if isinstance(a, (int, float))]
     start, end, step = (0, numbers[0], 1) if len(numbers) == 1 else (*numbers, 1)[:3]
     n = ctx.out_shape[0]
-    return (start + jnp.arange(n, dtype=jnp.float64 if isinstance(step, float) or
-                               isinstance(start, float) else jnp.int64) * step).astype(ctx.out_dtype)
+    return (
+        start
+        + jnp.arange(
+            n,
+            dtype=jnp.float64 if isinstance(step, float) or isinstance(start, float) else jnp.int64,
+        )
+        * step
+    ).astype(ctx.out_dtype)

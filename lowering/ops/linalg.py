@@ -23,8 +23,9 @@ def matmul(a, b):
     return out.astype(a.dtype)
 
 
-@register_lowering(aten.mm.default, aten.bmm.default, aten.matmul.default, aten.dot.default,
-                   aten.mv.default)
+@register_lowering(
+    aten.mm.default, aten.bmm.default, aten.matmul.default, aten.dot.default, aten.mv.default
+)
 def mm(a, b):
     return matmul(a, b)
 

@@ -162,8 +162,13 @@ def round_decimals(x, *, decimals=0):
     return jnp.round(x * scale) / scale
 
 
-@register_lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther,
-                   aten.where.Scalar, needs_ctx=True)
+@register_lowering(
+    aten.where.self,
+    aten.where.ScalarSelf,
+    aten.where.ScalarOther,
+    aten.where.Scalar,
+    needs_ctx=True,
+)
 def where(ctx, condition, a, b):
     dtype = ctx.out_dtype
     return jnp.where(condition, cast(a, dtype), cast(b, dtype))

@@ -32,8 +32,14 @@ def randn(ctx, *_args, **_kw):
     return jax.random.normal(ctx.rng_key(), ctx.out_shape, dtype=acc).astype(ctx.out_dtype)
 
 
-@register_lowering(aten.randint.default, aten.randint.low, aten.randint_like.default,
-                   aten.randint_like.low_dtype, needs_ctx=True, uses_rng=True)
+@register_lowering(
+    aten.randint.default,
+    aten.randint.low,
+    aten.randint_like.default,
+    aten.randint_like.low_dtype,
+    needs_ctx=True,
+    uses_rng=True,
+)
 def randint(ctx, *args, **_kw):
     bounds = [a for a in args if isinstance(a, int)]
     low, high = (0, bounds[0]) if len(bounds) == 1 else bounds[:2]

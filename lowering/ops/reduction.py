@@ -75,15 +75,27 @@ def min_dim(x, dim, keepdim=False):
 @register_lowering(aten.argmax, needs_ctx=True)
 def argmax(ctx, x, dim=None, keepdim=False):
     if dim is None:
-        return jnp.argmax(x.reshape(-1)).astype(ctx.out_dtype).reshape((1,) * x.ndim if keepdim else ())
-    return jnp.argmax(x, axis=_axes(x, dim)[0] if x.ndim else None, keepdims=keepdim).astype(ctx.out_dtype)
+        return (
+            jnp.argmax(x.reshape(-1))
+            .astype(ctx.out_dtype)
+            .reshape((1,) * x.ndim if keepdim else ())
+        )
+    return jnp.argmax(x, axis=_axes(x, dim)[0] if x.ndim else None, keepdims=keepdim).astype(
+        ctx.out_dtype
+    )
 
 
 @register_lowering(aten.argmin, needs_ctx=True)
 def argmin(ctx, x, dim=None, keepdim=False):
     if dim is None:
-        return jnp.argmin(x.reshape(-1)).astype(ctx.out_dtype).reshape((1,) * x.ndim if keepdim else ())
-    return jnp.argmin(x, axis=_axes(x, dim)[0] if x.ndim else None, keepdims=keepdim).astype(ctx.out_dtype)
+        return (
+            jnp.argmin(x.reshape(-1))
+            .astype(ctx.out_dtype)
+            .reshape((1,) * x.ndim if keepdim else ())
+        )
+    return jnp.argmin(x, axis=_axes(x, dim)[0] if x.ndim else None, keepdims=keepdim).astype(
+        ctx.out_dtype
+    )
 
 
 @register_lowering(aten.any.default, aten.any.dim, aten.any.dims)

@@ -23,8 +23,9 @@ def _shape(x, shape):
     return tuple(shape)
 
 
-@register_lowering(aten.view.default, aten._unsafe_view.default, aten.reshape.default,
-                   aten.view_copy.default)
+@register_lowering(
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default
+)
 def view(x, shape):
     return jnp.reshape(x, _shape(x, shape))
 
@@ -62,8 +63,14 @@ def expand(x, size, *, implicit=False):
     return jnp.broadcast_to(x, tuple(target))
 
 
-@register_lowering(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims,
-                   aten.squeeze_copy.default, aten.squeeze_copy.dim, aten.squeeze_copy.dims)
+@register_lowering(
+    aten.squeeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.squeeze_copy.default,
+    aten.squeeze_copy.dim,
+    aten.squeeze_copy.dims,
+)
 def squeeze(x, dims=None):
     if x.ndim == 0:
         return x
@@ -116,7 +123,9 @@ def split_with_sizes(x, sizes, dim_=0):
 @register_lowering(aten.unbind.int, aten.unbind_copy.int)
 def unbind(x, dim_=0):
     axis = dim(dim_, x.ndim)
-    return [jnp.squeeze(lax.slice_in_dim(x, i, i + 1, axis=axis), axis) for i in range(x.shape[axis])]
+    return [
+        jnp.squeeze(lax.slice_in_dim(x, i, i + 1, axis=axis), axis) for i in range(x.shape[axis])
+    ]
 
 
 def _slice_bounds(size, start, end, step):
@@ -190,15 +199,30 @@ def repeat(x, repeats):
     return jnp.tile(x, repeats)
 
 
-@register_lowering(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default,
-                   aten.detach.default, aten.contiguous.default, aten.alias_copy.default)
+@register_lowering(
+    aten.clone.default,
+    aten.alias.default,
+    aten.lift_fresh_copy.default,
+    aten.detach.default,
+    aten.contiguous.default,
+    aten.alias_copy.default,
+)
 def identity(x, *, memory_format=None):
     return x
 
 
 @register_lowering(aten._to_copy.default, needs_ctx=True)
-def to_copy(ctx, x, *, dtype=None, layout=None, device=None, pin_memory=None,
-            non_blocking=False, memory_format=None):
+def to_copy(
+    ctx,
+    x,
+    *,
+    dtype=None,
+    layout=None,
+    device=None,
+    pin_memory=None,
+    non_blocking=False,
+    memory_format=None,
+):
     return cast(x, ctx.out_dtype)
 
 
