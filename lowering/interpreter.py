@@ -66,12 +66,13 @@ def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def source_line(node: torch.fx.Node) -> str:
-    """The last line of the user's stack trace recorded on the node, or a placeholder."""
-    trace = node.meta.get("stack_trace") or ""
-    lines = [line.strip() for line in trace.strip().splitlines() if line.strip()]
-    if len(lines) >= 2 and lines[-2].startswith("File "):
-        return f"{lines[-2]}: {lines[-1]}"
-    return lines[-1] if lines else "<no source line recorded>"
+    """The user's innermost frame recorded on the node: 'File "f.py", line 3, in fn: code'."""
+    lines = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines()]
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("File "):
+            code = next((c for c in lines[i + 1 :] if c and set(c) - set("^~ ")), "")
+            return f"{lines[i]}: {code}" if code else lines[i]
+    return "<no source line recorded>"
 
 
 class LoweringContext:

@@ -1,0 +1,207 @@
+"""The backend end to end: entry point, options, caching, fallback, dynamic shapes, mutations."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+from tpu_inductor import cache, debug
+from tpu_inductor.config import Options
+from tpu_inductor.exc import (
+    LoweringError,
+    OptionError,
+    RegistrationError,
+    UnsupportedOpError,
+)
+
+from .helpers import assert_same
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _backend_error(expected: type, fn, *args) -> Exception:
+    """The error our backend raised inside Dynamo (which wraps it in BackendCompilerFailed)."""
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+        fn(*args)
+    assert isinstance(info.value.inner_exception, expected), info.value
+    return info.value.inner_exception
+
+
+def _compile(fn, **options):
+    return torch.compile(fn, backend="tpu_inductor", options=options or None)
+
+
+def test_backend_found_through_entry_point_without_import():
+    code = (
+        "import sys, torch\n"
+        "assert 'tpu_inductor' in torch._dynamo.list_backends(), torch._dynamo.list_backends()\n"
+        "assert 'tpu_inductor' not in sys.modules\n"
+        "f = torch.compile(lambda x: x.sin() * 2, backend='tpu_inductor')\n"
+        "x = torch.randn(5)\n"
+        "torch.testing.assert_close(f(x), x.sin() * 2)\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("ok")
+
+
+def test_unknown_option_names_key_and_allowed():
+    with pytest.raises(OptionError, match=r"unknown option 'devise'.*Allowed options: .*device"):
+        Options.from_user({"devise": "cpu"})
+
+
+def test_bad_option_value_lists_allowed_values():
+    with pytest.raises(OptionError, match=r"'fallback' has value 'never'.*'eager', 'error'"):
+        Options.from_user({"fallback": "never"})
+    with pytest.raises(OptionError, match="mode='max-autotune'"):
+        Options.from_user(None, "max-autotune")
+
+
+def test_env_var_gives_default_and_option_overrides(monkeypatch):
+    monkeypatch.setenv("TPU_INDUCTOR_FALLBACK", "error")
+    assert Options.from_user().fallback == "error"
+    assert Options.from_user({"fallback": "eager"}).fallback == "eager"
+    monkeypatch.setenv("TPU_INDUCTOR_RESIDENT_PARAMS", "maybe")
+    with pytest.raises(OptionError, match="TPU_INDUCTOR_RESIDENT_PARAMS='maybe'"):
+        Options.from_user()
+
+
+def test_bad_option_raises_through_torch_compile():
+    f = _compile(lambda x: x + 1, device="quantum")
+    with pytest.raises(Exception, match="'device' has value 'quantum'"):
+        f(torch.ones(2))
+
+
+def test_seen_shapes_never_relower_or_recompile():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    compiled = _compile(model)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        assert_same(compiled(x), model(x))
+        records, misses = len(debug.records), cache.counters["miss"]
+        for _ in range(3):
+            y = torch.randn(4, 8)
+            assert_same(compiled(y), model(y))
+    assert len(debug.records) == records
+    assert cache.counters["miss"] == misses
+
+
+def test_identical_graph_compiled_twice_hits_memory_cache():
+    model = nn.Sequential(nn.Linear(6, 3), nn.Tanh())
+    x = torch.randn(2, 6)
+    with torch.no_grad():
+        _compile(model)(x)
+        hits = cache.counters["hit"]
+        torch._dynamo.reset()
+        assert_same(_compile(model)(x), model(x))
+    assert cache.counters["hit"] == hits + 1
+
+
+def _uses_unsupported_op(x):
+    # special_bessel_j0 has no lowering rule: it must run in eager torch between compiled regions.
+    return torch.special.bessel_j0(x.cos() * 3) + x.sin()
+
+
+def test_unsupported_op_falls_back_to_eager_with_one_warning(caplog):
+    x = torch.randn(16)
+    with caplog.at_level(logging.WARNING, logger="tpu_inductor"):
+        out = _compile(_uses_unsupported_op)(x)
+    assert_same(out, _uses_unsupported_op(x))
+    warnings = [r.getMessage() for r in caplog.records if "without a lowering" in r.getMessage()]
+    assert len(warnings) == 1 and "aten.special_bessel_j0.default x1" in warnings[0]
+
+
+def test_strict_mode_lists_missing_op_with_source_line():
+    f = _compile(_uses_unsupported_op, fallback="error")
+    message = str(_backend_error(UnsupportedOpError, f, torch.randn(16)))
+    assert "aten.special_bessel_j0.default (1x)" in message
+    assert "test_backend.py" in message and "bessel_j0" in message
+
+
+def test_symbolic_sizes_compile_per_size_and_log_it(caplog):
+    def f(x):
+        return (x * 2).sum(0) + x.shape[0]
+
+    compiled = _compile(f)
+    with caplog.at_level(logging.INFO, logger="tpu_inductor"):
+        for n in (3, 5, 7, 5):
+            x = torch.randn(n, 4)
+            assert_same(compiled(x), f(x))
+    assert any("recompiling for new input sizes" in r.getMessage() for r in caplog.records)
+
+
+def test_input_mutation_is_written_back():
+    def f(buf, x):
+        buf.add_(x)
+        return buf * 2
+
+    buf, x = torch.zeros(3), torch.arange(3.0)
+    out = _compile(f)(buf, x)
+    assert_same(buf, torch.arange(3.0))
+    assert_same(out, torch.arange(3.0) * 2)
+
+
+def test_transposed_and_sliced_inputs_are_copied_not_misread():
+    f = _compile(lambda a, b: a @ b + 1)
+    base = torch.randn(6, 5)
+    a, b = base.t()[:, 1:4], torch.randn(5, 4)[1:4]
+    assert_same(f(a, b), a @ b + 1)
+
+
+def test_resident_parameters_follow_in_place_updates():
+    model = nn.Linear(4, 4)
+    compiled = _compile(model)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        compiled(x)
+        model.weight.mul_(3)
+        model.bias.add_(1)
+        assert_same(compiled(x), model(x))
+
+
+def test_rule_with_wrong_dtype_names_node_and_source_line():
+    from tpu_inductor.lowering.registry import register_lowering
+
+    @torch.library.custom_op("tpu_inductor_test::twice", mutates_args=())
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @twice.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    @register_lowering(torch.ops.tpu_inductor_test.twice.default)
+    def wrong_twice(x):
+        return (x * 2).astype("int32")  # torch keeps float32: the interpreter must catch this
+
+    with pytest.raises(RegistrationError, match="already has a lowering"):
+        register_lowering(torch.ops.tpu_inductor_test.twice.default)(wrong_twice)
+
+    def user_fn(x):
+        return twice(x) + 1
+
+    error = _backend_error(LoweringError, _compile(user_fn), torch.randn(3))
+    assert "dtype int32, torch computes torch.float32" in str(error)
+    assert "test_backend.py" in str(error) and "twice(x)" in str(error)
+
+
+def test_cli_version_and_devices():
+    out = subprocess.run(
+        [sys.executable, "-m", "tpu_inductor.cli", "devices"], capture_output=True, text=True
+    )
+    assert out.returncode == 0 and "cpu: 1 device(s)" in out.stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "tpu_inductor.cli", "--version"], capture_output=True, text=True
+    )
+    assert out.stdout.startswith("tpu-inductor ")
