@@ -40,6 +40,7 @@ class Rule:
     platform: str | None
     needs_ctx: bool
     uses_rng: bool
+    supports: Callable[[torch.fx.Node], bool] | None = None  # None: every node of the op
 
 
 _RULES: dict[OpOverload, dict[str | None, Rule]] = {}
@@ -55,9 +56,17 @@ def _overloads(op) -> Iterable[OpOverload]:
 
 
 def register_lowering(
-    *ops, platform: str | None = None, needs_ctx: bool = False, uses_rng: bool = False
+    *ops,
+    platform: str | None = None,
+    needs_ctx: bool = False,
+    uses_rng: bool = False,
+    supports: Callable[[torch.fx.Node], bool] | None = None,
 ):
-    """Register the decorated function as the lowering of every overload of `ops`."""
+    """Register the decorated function as the lowering of every overload of `ops`.
+
+    `supports(node)`, when given, says which nodes of the op the rule can lower (e.g. not those
+    with data-dependent output shapes); the partitioner leaves the others to eager torch.
+    """
 
     def decorate(fn: Callable) -> Callable:
         for op in ops:
@@ -70,7 +79,7 @@ def register_lowering(
                         f"({other.__module__}.{other.__qualname__}); {fn.__module__}."
                         f"{fn.__qualname__} would replace it. Remove one of them."
                     )
-                by_platform[platform] = Rule(fn, overload, platform, needs_ctx, uses_rng)
+                by_platform[platform] = Rule(fn, overload, platform, needs_ctx, uses_rng, supports)
         return fn
 
     return decorate
@@ -108,7 +117,8 @@ def supported(node: torch.fx.Node, platform: str | None = None) -> bool:
         return False
     if node.target in INTERPRETER_TARGETS:
         return True
-    if not isinstance(node.target, OpOverload) or lookup(node.target, platform) is None:
+    rule = lookup(node.target, platform) if isinstance(node.target, OpOverload) else None
+    if rule is None or (rule.supports is not None and not rule.supports(node)):
         return False
     return _values_supported(node)
 

@@ -53,6 +53,7 @@ class LoweredModule:
     mutations: tuple[tuple[int, int], ...]  # (graph input position, module result)
     uses_rng: bool  # the module's first argument is a per-call int32[2] seed
     x64: str  # the 64-bit policy it was lowered under
+    text_with_locations: str = ""  # `text` with MLIR source locations (for dumps); "" if unknown
 
     @property
     def module_input_dtypes(self) -> tuple[torch.dtype, ...]:
@@ -134,6 +135,7 @@ def lower(
         mutations=structure["mutations"],
         uses_rng=runner.uses_rng,
         x64=x64,
+        text_with_locations=module.operation.get_asm(enable_debug_info=True),
     )
 
 

@@ -38,8 +38,16 @@ def pass_fingerprint(disabled: Iterable[str] = ()) -> tuple[tuple[str, int], ...
     return tuple((p.name, p.version) for p in PASSES if p.name not in skip)
 
 
-def run_passes(gm: torch.fx.GraphModule, disabled: Iterable[str] = ()) -> torch.fx.GraphModule:
-    """Apply the pipeline to `gm` in order, skipping passes named in `disabled`."""
+def run_passes(
+    gm: torch.fx.GraphModule,
+    disabled: Iterable[str] = (),
+    *,
+    after_pass: Callable[[str, torch.fx.GraphModule, collections.Counter], None] | None = None,
+) -> torch.fx.GraphModule:
+    """Apply the pipeline to `gm` in order, skipping passes named in `disabled`.
+
+    `after_pass(name, gm, rewrites)`, if given, sees the graph after each pass (for dumps).
+    """
     skip = set(disabled)
     unknown = skip - {p.name for p in PASSES}
     if unknown:
@@ -60,4 +68,6 @@ def run_passes(gm: torch.fx.GraphModule, disabled: Iterable[str] = ()) -> torch.
             counters[f"{p.name}.{what}"] += count
         if rewrites:
             log.debug("pass %s rewrote %s", p.name, dict(rewrites))
+        if after_pass is not None:
+            after_pass(p.name, gm, rewrites)
     return gm

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from . import debug
 from .config import Options
 
 
@@ -25,6 +26,7 @@ def tpu_inductor(
 ):
     """Compile a Dynamo FX graph; returns a callable with the graph's calling convention."""
     opts = Options.from_user(options, mode)
+    debug.dynamo_graph(gm, opts)
     from torch._dynamo.backends.common import aot_autograd
 
     from .compile_fx import compile_graph

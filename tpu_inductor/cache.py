@@ -1,30 +1,53 @@
 """The compile cache: a key of named entries → a compiled executable and its call description.
 
 The key is an ordered list of (name, value) entries, each hashed on its own with sha256 and the
-list hashed again, so that a miss can be explained entry by entry (`explain`). This module has
-the memory level; counters say what happened (tests assert on them).
+list hashed again, so that a miss can be explained entry by entry (`explain`).
+
+Two levels. Memory: key digest → value, for the life of the process. Disk (`DiskCache`): one
+directory per key digest holding the value's files (serialized executable, StableHLO) and a
+`manifest.json` with the key, a checksum of every file and of the manifest itself. Writes go to
+a temporary directory renamed into place (atomic; of two processes storing one key, one wins).
+Any read fault (truncated, corrupted, foreign, unreadable) is a warning, the entry is removed
+and the value recompiled. The directory must be private to its owner: a deserialized
+executable is code that runs in this process. Size-capped, least recently used evicted first.
+
+`counters` say what happened, for the whole process (tests assert on them): "hit" (memory),
+"disk_hit", "miss" (compiled), "bypass" (unhashable key), "disk_fault", "disk_store",
+"disk_skip" (a value with no disk form), "disk_evict".
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import hashlib
+import json
 import logging
+import os
+import secrets
+import shutil
+import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
+
+from .exc import CacheError
 
 log = logging.getLogger(__name__)
 
-# "hit", "miss", "bypass": lookups by outcome, for the whole process.
 counters: collections.Counter = collections.Counter()
+
+FORMAT = 1  # layout version of a disk entry; entries of another format are ignored
+MANIFEST = "manifest.json"
+_TEMP_PREFIX = ".tmp-"
 
 
 @dataclasses.dataclass(frozen=True)
 class CacheKey:
     """An ordered list of named entries and their hashes."""
 
-    entries: tuple[tuple[str, str], ...]  # (name, sha256 of the entry's repr)
+    entries: tuple[tuple[str, str], ...]  # (name, sha256 of the entry's canonical text)
 
     @classmethod
     def of(cls, entries: Sequence[tuple[str, Any]]) -> CacheKey:
@@ -62,26 +85,120 @@ def _sha256(text: str | bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# ---------------------------------------------------------------------------------------------
+# Key entries that describe the environment (the graph-specific ones come from compile_fx).
+
+
+def environment_entries(device) -> list[tuple[str, Any]]:
+    """Versions, source, PJRT platform and devices, XLA flags: what else changes the binary."""
+    client = device.client
+    return [
+        ("versions", _versions()),
+        ("source", _source_digest()),
+        ("pjrt", (client.platform, client.platform_version)),
+        ("devices", (device.kind, len(client.devices()))),
+        ("xla_flags", xla_flags()),
+    ]
+
+
+def _versions() -> tuple[str, ...]:
+    import jax
+    import jaxlib
+    import torch
+
+    from . import __version__
+
+    return (torch.__version__, jax.__version__, jaxlib.__version__, __version__)
+
+
+_source_digest_value: list[str] = []
+
+
+def _source_digest() -> str:
+    """sha256 of this package's Python sources: an edited lowering rule is a different key."""
+    if not _source_digest_value:
+        from . import lowering, passes
+
+        digest = hashlib.sha256()
+        for root in sorted(
+            {Path(__file__).parent, *map(Path, lowering.__path__), *map(Path, passes.__path__)}
+        ):
+            for path in sorted(root.rglob("*.py")):
+                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+        _source_digest_value.append(digest.hexdigest())
+    return _source_digest_value[0]
+
+
+def xla_flags() -> tuple[str, ...]:
+    """XLA_FLAGS less the dump flags, which do not change the compiled program."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    return tuple(f for f in flags if not f.startswith("--xla_dump"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The memory level and the lookup through both levels.
+
+
+@dataclasses.dataclass(frozen=True)
+class Codec:
+    """How a compiled value crosses to disk: value → (files, JSON meta) and back."""
+
+    encode: Callable[[Any], tuple[dict[str, bytes], dict[str, Any]]]
+    decode: Callable[[dict[str, bytes], dict[str, Any]], Any]
+
+
 class MemoryCache:
-    """key digest → compiled value, for the life of the process."""
+    """key digest → compiled value, for the life of the process; optionally backed by disk."""
 
     def __init__(self) -> None:
         self._entries: dict[str, Any] = {}
 
-    def get_or_compile(self, entries: Sequence[tuple[str, Any]], compile_fn: Callable[[], Any]):
+    def get_or_compile(
+        self,
+        entries: Sequence[tuple[str, Any]],
+        compile_fn: Callable[[], Any],
+        *,
+        disk: DiskCache | None = None,
+        codec: Codec | None = None,
+        info: dict[str, Any] | None = None,
+        stage: Callable[[str], Any] = lambda _name: contextlib.nullcontext(),
+        label: str = "",
+    ):
+        """The cached value for `entries`, from memory, then disk, else `compile_fn()`.
+
+        `info` receives the decision ("memory_hit", "disk_hit", "miss", "bypass") and the key
+        digest; `stage(name)` times the "cache_load" and "cache_store" stages.
+        """
+        info = {} if info is None else info
         try:
             key = CacheKey.of(entries)
         except UnhashableEntry as e:
             counters["bypass"] += 1
+            info["decision"] = "bypass"
             log.debug("compile cache bypassed: %s", e)
             return compile_fn()
+        info["key"] = key.digest
         value = self._entries.get(key.digest)
         if value is not None:
             counters["hit"] += 1
+            info["decision"] = "memory_hit"
             return value
+        if disk is not None and codec is not None:
+            info["dir"] = str(disk.directory)
+            with stage("cache_load"):
+                value = disk.load(key, codec.decode)
+            if value is not None:
+                counters["disk_hit"] += 1
+                info["decision"] = "disk_hit"
+                self._entries[key.digest] = value
+                return value
         counters["miss"] += 1
+        info["decision"] = "miss"
         value = compile_fn()
         self._entries[key.digest] = value
+        if disk is not None and codec is not None:
+            with stage("cache_store"):
+                disk.store(key, lambda: codec.encode(value), label)
         return value
 
     def clear(self) -> None:
@@ -89,3 +206,301 @@ class MemoryCache:
 
 
 memory_cache = MemoryCache()
+
+
+# ---------------------------------------------------------------------------------------------
+# The disk level.
+
+
+class _Fault(Exception):
+    """Why a disk entry cannot be used (internal: becomes a warning and a recompile)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryInfo:
+    """One disk entry as `ls` shows it."""
+
+    digest: str
+    size: int  # bytes
+    last_used: float  # seconds since the epoch (the manifest's mtime)
+    label: str
+
+
+def default_directory() -> Path:
+    """The user's cache directory for tpu_inductor (platformdirs)."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("tpu_inductor")) / "compile"
+
+
+def open_disk_cache(directory: str | os.PathLike | None, max_mb: int) -> DiskCache:
+    """The disk cache at `directory` (None: `default_directory()`), created private if absent."""
+    return DiskCache(Path(directory) if directory else default_directory(), max_mb * 2**20)
+
+
+class DiskCache:
+    """Key digest → a directory of files and a checksummed manifest, under one private root."""
+
+    def __init__(self, directory: Path, max_bytes: int):
+        self.directory = directory.expanduser().absolute()
+        self.max_bytes = max_bytes
+        _make_private(self.directory)
+
+    def load(self, key: CacheKey, decode: Callable[[dict[str, bytes], dict], Any]):
+        """The decoded value stored for `key`, or None (absent, or a fault: warned, removed)."""
+        path = self.directory / key.digest
+        if not path.exists():
+            return None
+        try:
+            manifest = _read_manifest(path / MANIFEST)
+            _check_owner_entry(manifest, key)
+            files = {
+                name: _read_checked(path / name, meta) for name, meta in manifest["files"].items()
+            }
+            try:
+                value = decode(files, manifest["meta"])
+            except Exception as e:  # a decoder error of any kind means: recompile
+                raise _Fault(f"cannot decode it: {type(e).__name__}: {e}") from e
+        except (_Fault, OSError) as e:
+            counters["disk_fault"] += 1
+            log.warning(
+                "tpu_inductor: compile cache entry %s is unusable (%s); it is removed and the "
+                "graph recompiled.",
+                path,
+                e,
+            )
+            _remove(path)
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path / MANIFEST)  # last use, for LRU eviction
+        return value
+
+    def store(self, key: CacheKey, encode: Callable[[], tuple[dict[str, bytes], dict]], label: str):
+        """Write the entry for `key` atomically; failures are warnings, never errors."""
+        try:
+            files, meta = encode()
+        except ValueError as e:  # the value has no disk form (e.g. a non-JSON output value)
+            counters["disk_skip"] += 1
+            log.debug("compile cache: not stored on disk: %s", e)
+            return
+        temp = (
+            self.directory / f"{_TEMP_PREFIX}{key.digest[:16]}-{os.getpid()}-{secrets.token_hex(4)}"
+        )
+        try:
+            temp.mkdir(mode=0o700)
+            for name, data in files.items():
+                (temp / name).write_bytes(data)
+            body = {
+                "format": FORMAT,
+                "digest": key.digest,
+                "key": [list(entry) for entry in key.entries],
+                "label": label,
+                "files": {n: {"sha256": _sha256(d), "size": len(d)} for n, d in files.items()},
+                "meta": meta,
+            }
+            manifest = {"checksum": _sha256(_dump(body)), "body": body}
+            (temp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            try:
+                os.rename(temp, self.directory / key.digest)
+            except OSError:  # another process stored this key first: keep theirs
+                _remove(temp)
+                return
+            counters["disk_store"] += 1
+        except OSError as e:
+            log.warning(
+                "tpu_inductor: cannot write compile cache entry in %s: %s", self.directory, e
+            )
+            _remove(temp)
+            return
+        self.evict()
+
+    def entries(self) -> list[EntryInfo]:
+        """Every entry in the directory, least recently used first (unreadable ones skipped)."""
+        found = []
+        for path in self.directory.iterdir():
+            if len(path.name) != 64 or not path.is_dir():
+                continue
+            try:
+                body = _read_manifest(path / MANIFEST)
+                size = sum(f.stat().st_size for f in path.iterdir())
+                found.append(
+                    EntryInfo(path.name, size, (path / MANIFEST).stat().st_mtime, body["label"])
+                )
+            except (_Fault, OSError, KeyError):
+                continue
+        return sorted(found, key=lambda e: e.last_used)
+
+    def key_of(self, digest_prefix: str) -> CacheKey:
+        """The key of the entry whose digest starts with `digest_prefix` (CacheError if none)."""
+        matches = [p for p in self.directory.iterdir() if p.name.startswith(digest_prefix)]
+        matches = [p for p in matches if not p.name.startswith(_TEMP_PREFIX)]
+        if len(matches) != 1:
+            raise CacheError(
+                f"tpu_inductor: {len(matches)} cache entries in {self.directory} start with "
+                f"{digest_prefix!r}; give a longer, unique prefix (see `tpu-inductor cache ls`)."
+            )
+        try:
+            body = _read_manifest(matches[0] / MANIFEST)
+            return CacheKey(tuple((str(n), str(h)) for n, h in body["key"]))
+        except (_Fault, OSError, KeyError, ValueError) as e:
+            raise CacheError(f"tpu_inductor: cache entry {matches[0]} is unreadable: {e}") from e
+
+    def evict(self) -> None:
+        """Remove least recently used entries until the total size fits `max_bytes`."""
+        entries = self.entries()
+        total = sum(e.size for e in entries)
+        for entry in entries:
+            if total <= self.max_bytes:
+                break
+            _remove(self.directory / entry.digest)
+            total -= entry.size
+            counters["disk_evict"] += 1
+            log.info("tpu_inductor: compile cache evicted %s (%d bytes)", entry.digest, entry.size)
+
+    def clear(self) -> int:
+        """Remove every entry (and leftover temporary directories); returns how many entries."""
+        removed = 0
+        for path in self.directory.iterdir():
+            if path.is_dir() and (len(path.name) == 64 or path.name.startswith(_TEMP_PREFIX)):
+                removed += len(path.name) == 64
+                _remove(path)
+        return removed
+
+
+def _make_private(directory: Path) -> None:
+    """Create `directory` (mode 700) or check that it is ours and writable by no one else."""
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        stat = directory.stat()
+    except OSError as e:
+        raise CacheError(
+            f"tpu_inductor: cannot create the compile cache directory {directory}: {e}. Choose "
+            "another with TPU_INDUCTOR_CACHE_DIR or options={'cache_dir': ...}, or disable the "
+            "cache with TPU_INDUCTOR_CACHE=0."
+        ) from e
+    if not hasattr(os, "getuid"):
+        return
+    problem = None
+    if stat.st_uid != os.getuid():
+        problem = f"it is owned by user id {stat.st_uid}, not by you ({os.getuid()})"
+    elif stat.st_mode & 0o022:
+        problem = f"it is writable by group or others (mode {stat.st_mode & 0o777:o})"
+    if problem:
+        raise CacheError(
+            f"tpu_inductor: refusing the compile cache directory {directory}: {problem}. "
+            "Executables loaded from it run in this process, so whoever can write there could "
+            f"run code as you. Fix it with `chmod 700 {directory}` (if it is yours), or choose "
+            "another with TPU_INDUCTOR_CACHE_DIR or options={'cache_dir': ...}."
+        )
+
+
+def _dump(body: dict) -> str:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """The verified body of a manifest (format and checksum checked)."""
+    try:
+        manifest = json.loads(path.read_text())
+        body, checksum = manifest["body"], manifest["checksum"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise _Fault(f"malformed manifest: {type(e).__name__}: {e}") from e
+    if not isinstance(body, dict) or _sha256(_dump(body)) != checksum:
+        raise _Fault("manifest checksum mismatch")
+    if body.get("format") != FORMAT:
+        raise _Fault(f"entry format {body.get('format')!r}, this version reads {FORMAT}")
+    return body
+
+
+def _check_owner_entry(body: dict, key: CacheKey) -> None:
+    if body.get("digest") != key.digest or [tuple(e) for e in body.get("key", ())] != list(
+        key.entries
+    ):
+        raise _Fault("the entry belongs to another key")
+    if not isinstance(body.get("files"), dict) or not isinstance(body.get("meta"), dict):
+        raise _Fault("manifest without files or meta")
+
+
+def _read_checked(path: Path, meta: Any) -> bytes:
+    data = path.read_bytes()
+    if not isinstance(meta, dict) or len(data) != meta.get("size"):
+        raise _Fault(f"{path.name} has {len(data)} bytes, the manifest says {meta!r}")
+    if _sha256(data) != meta.get("sha256"):
+        raise _Fault(f"{path.name} checksum mismatch")
+    return data
+
+
+def _remove(path: Path) -> None:
+    """Remove a directory so that no reader sees it half-deleted (renamed away first)."""
+    trash = path.with_name(f"{_TEMP_PREFIX}rm-{secrets.token_hex(6)}")
+    try:
+        os.rename(path, trash)
+    except OSError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# `tpu-inductor cache stats | ls | clear | explain A B`
+
+
+def add_subcommands(commands) -> None:
+    """Add the `cache` command group to the `tpu-inductor` parser."""
+    parser = commands.add_parser("cache", help="inspect or clear the persistent compile cache")
+    parser.add_argument(
+        "--dir", help="cache directory (default: TPU_INDUCTOR_CACHE_DIR or the user cache)"
+    )
+    actions = parser.add_subparsers(dest="action", required=True)
+    actions.add_parser("stats", help="entries, total size and the size cap").set_defaults(
+        run=_cli_stats
+    )
+    actions.add_parser("ls", help="list entries, least recently used first").set_defaults(
+        run=_cli_ls
+    )
+    actions.add_parser("clear", help="remove every entry").set_defaults(run=_cli_clear)
+    explain = actions.add_parser("explain", help="which key entries differ between two entries")
+    explain.add_argument("key_a")
+    explain.add_argument("key_b")
+    explain.set_defaults(run=_cli_explain)
+
+
+def _cli_cache(args) -> DiskCache:
+    from .config import Options
+
+    options = Options.from_user()
+    return open_disk_cache(args.dir or options.cache_dir, options.cache_max_mb)
+
+
+def _cli_stats(args) -> int:
+    disk = _cli_cache(args)
+    entries = disk.entries()
+    total = sum(e.size for e in entries)
+    print(f"directory: {disk.directory}")
+    print(f"entries:   {len(entries)}")
+    print(f"size:      {total / 2**20:.1f} MiB of {disk.max_bytes / 2**20:.0f} MiB")
+    return 0
+
+
+def _cli_ls(args) -> int:
+    for entry in _cli_cache(args).entries():
+        used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.last_used))
+        print(f"{entry.digest[:16]}  {entry.size / 1024:9.1f} KiB  {used}  {entry.label}")
+    return 0
+
+
+def _cli_clear(args) -> int:
+    disk = _cli_cache(args)
+    print(f"removed {disk.clear()} entries from {disk.directory}")
+    return 0
+
+
+def _cli_explain(args) -> int:
+    disk = _cli_cache(args)
+    key_a, key_b = disk.key_of(args.key_a), disk.key_of(args.key_b)
+    differ = key_a.explain(key_b)
+    if not differ:
+        print("the keys are equal")
+    for name in differ:
+        a, b = dict(key_a.entries).get(name, "-"), dict(key_b.entries).get(name, "-")
+        print(f"{name}: {a[:16]} != {b[:16]}")
+    return 0

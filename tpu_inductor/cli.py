@@ -13,7 +13,7 @@ import sys
 from . import __version__
 
 # Modules of this package that add subcommands (each: add_subcommands(commands)).
-SUBCOMMAND_MODULES: tuple[str, ...] = ()
+SUBCOMMAND_MODULES: tuple[str, ...] = ("cache", "aot", "bench", "report")
 
 
 def _devices(_args) -> int:

@@ -43,12 +43,14 @@ def compile_graph(
     `kind` ("forward", "backward", "inference") names the graph in logs and compile records.
     """
     name = f"{kind}_{next(_graph_ids)}"
+    debug.graph_stage(name, f"aten_{kind}", gm, options)
     from .lowering import interpreter
 
     device = runtime.select_device(options.device)
     missing = interpreter.missing_ops(gm, device.lowering_platform)
     if missing:
         _report_missing(missing, options)
+        debug.fallback_ops(name, missing, device.lowering_platform, options)
         from torch._functorch.aot_autograd import make_boxed_func
 
         return make_boxed_func(_compile_partitioned(gm, options, device, name))
@@ -86,8 +88,10 @@ def _compile_partitioned(gm, options: Options, device, name: str) -> torch.fx.Gr
     partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     partitions = [p for p in partitioner.propose_partitions() if _has_computation(p.nodes)]
     fused = partitioner.fuse_partitions(partitions)
+    debug.graph_stage(name, "partitioned", fused, options)
     for region, sub in list(fused.named_children()):
         if region.startswith("fused_"):
+            debug.graph_stage(f"{name}.{region}", "region", sub, options)
             compiled = _compile_region(sub, None, options, device, (), f"{name}.{region}")
             setattr(fused, region, _Unboxed(compiled, _returns_tuple(sub)))
     fused.recompile()
@@ -125,7 +129,8 @@ class _Unboxed(torch.nn.Module):
 def _compile_region(gm, example_inputs, options: Options, device, static_inputs, name: str):
     from .passes import pipeline
 
-    gm = pipeline.run_passes(gm, options.disable_passes)
+    hook = debug.pass_hook(name, gm, options)
+    gm = pipeline.run_passes(gm, options.disable_passes, after_pass=hook)
     if example_inputs is None:
         example_inputs = _placeholder_values(gm)
     specialize = _Specializer(gm, options, device, static_inputs, name)
@@ -164,13 +169,24 @@ class _Specializer:
             ("inputs", _input_signature(inputs)),
             ("options", self.options.cache_key_entries()),
             ("passes", pipeline.pass_fingerprint(self.options.disable_passes)),
-            ("device", (self.device.platform, self.device.kind)),
-            ("versions", _versions()),
+            *cache.environment_entries(self.device),
         ]
-        record = debug.new_record(self.name, _input_signature(inputs))
-        executable, lowered = cache.memory_cache.get_or_compile(
-            entries, lambda: self._lower_and_compile(inputs, record)
+        record = debug.new_record(
+            self.name, _input_signature(inputs), fingerprint=self.graph_entry, options=self.options
         )
+        disk = None
+        if self.options.cache:
+            disk = cache.open_disk_cache(self.options.cache_dir, self.options.cache_max_mb)
+        executable, lowered = cache.memory_cache.get_or_compile(
+            entries,
+            lambda: self._lower_and_compile(inputs, record),
+            disk=disk,
+            codec=_disk_codec(self.device),
+            info=record.cache,
+            stage=record.stage,
+            label=f"{self.name} {record.inputs}",
+        )
+        debug.finish(record)
         static = self.static_inputs if self.options.resident_params else ()
         return runtime.CompiledGraph(executable, lowered, self.device, static)
 
@@ -181,8 +197,13 @@ class _Specializer:
             lowered = stablehlo.lower(
                 self.gm, inputs, platform=self.device.lowering_platform, x64=self.options.x64
             )
-        with record.stage("pjrt_compile"):
+        debug.dump_lowered(record, lowered)
+        with (
+            record.stage("pjrt_compile"),
+            debug.reproducer_on_error(record, lowered, self.device.platform),
+        ):
             executable = runtime.compile_stablehlo(lowered.bytecode, self.device)
+        debug.dump_executable(record, executable)
         log.info(
             "tpu_inductor: compiled %s for inputs %s: lower %.2fs, PJRT compile %.2fs",
             self.name,
@@ -191,6 +212,28 @@ class _Specializer:
             record.timings["pjrt_compile"],
         )
         return executable, lowered
+
+
+def _disk_codec(device: runtime.Device) -> cache.Codec:
+    """(executable, LoweredModule) ↔ files and a JSON manifest, for the disk cache."""
+    from . import serialize
+
+    def encode(value):
+        executable, lowered = value
+        meta = {"lowered": serialize.lowered_to_json(lowered)}
+        files = {
+            "executable.bin": runtime.serialize_executable(executable, device),
+            "module.mlirbc": lowered.bytecode,
+            "module.mlir": lowered.text.encode(),
+        }
+        return files, meta
+
+    def decode(files, meta):
+        text = files["module.mlir"].decode()
+        lowered = serialize.lowered_from_json(meta["lowered"], files["module.mlirbc"], text)
+        return runtime.deserialize_executable(files["executable.bin"], device), lowered
+
+    return cache.Codec(encode, decode)
 
 
 class SpecializingGraph:
@@ -204,14 +247,7 @@ class SpecializingGraph:
     def __call__(self, args: list) -> list:
         key = _input_signature(args)
         compiled = self._compiled.get(key)
-        if compiled is None:
-            if self._compiled:
-                log.info(
-                    "tpu_inductor: recompiling for new input sizes %s (compiled before: %s); "
-                    "shape bucketing will avoid this",
-                    key,
-                    list(self._compiled),
-                )
+        if compiled is None:  # debug.new_record logs why (which input, which dim)
             compiled = self._compiled[key] = self._specialize(args)
         return compiled(args)
 
@@ -224,8 +260,9 @@ def _input_signature(inputs: Sequence[Any]) -> tuple:
 
 
 def _graph_fingerprint(gm: torch.fx.GraphModule) -> str:
-    """The graph's code plus a hash of every tensor constant it reads."""
-    digest = hashlib.sha256(gm.code.encode())
+    """The graph's code (comments, i.e. source locations, stripped) and its tensor constants."""
+    code = "\n".join(line for line in gm.code.splitlines() if not line.lstrip().startswith("#"))
+    digest = hashlib.sha256(code.encode())
     for node in gm.graph.nodes:
         if node.op == "get_attr":
             value = gm
@@ -234,14 +271,6 @@ def _graph_fingerprint(gm: torch.fx.GraphModule) -> str:
             if isinstance(value, torch.Tensor):
                 data = value.detach().cpu().contiguous()
                 digest.update(f"{node.target}:{data.dtype}:{tuple(data.shape)}".encode())
-                digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+                raw = data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b""
+                digest.update(raw)
     return digest.hexdigest()
-
-
-def _versions() -> tuple:
-    import jax
-    import jaxlib
-
-    from . import __version__
-
-    return (torch.__version__, jax.__version__, jaxlib.__version__, __version__)

@@ -34,6 +34,14 @@ class Options:
     resident_params: bool = True
     # Passes to skip, by name (for bisecting a miscompile).
     disable_passes: tuple[str, ...] = ()
+    # Folder to dump every compile's stages into (graphs, StableHLO, HLO, compile.json); None: off.
+    dump_dir: str | None = None
+    # Persistent compile cache on disk (executables reused across processes); off with False.
+    cache: bool = True
+    # Directory of the persistent cache; None: the user's cache directory (platformdirs).
+    cache_dir: str | None = None
+    # Size cap of the persistent cache in MiB; least recently used entries are evicted past it.
+    cache_max_mb: int = 2048
 
     @classmethod
     def from_user(cls, options: dict[str, Any] | None = None, mode: str | None = None) -> Options:
@@ -65,7 +73,7 @@ class Options:
 _FIELDS = {f.name: f for f in dataclasses.fields(Options)}
 
 # Knobs that never change the compiled program.
-NOT_IN_CACHE_KEY = frozenset({"resident_params"})
+NOT_IN_CACHE_KEY = frozenset({"resident_params", "cache", "cache_dir", "cache_max_mb", "dump_dir"})
 
 
 def _env_defaults() -> dict[str, Any]:
@@ -91,6 +99,14 @@ def _parse_env(name: str, raw: str) -> Any:
         )
     if kind.startswith("tuple"):
         return tuple(part for part in raw.split(",") if part)
+    if kind == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise OptionError(
+                f"tpu_inductor: environment variable TPU_INDUCTOR_{name.upper()}={raw!r} is not "
+                "an integer."
+            ) from None
     return raw
 
 
@@ -115,4 +131,16 @@ def _check(name: str, value: Any) -> Any:
                 f"tpu_inductor: option {name!r} must be a list of names, got {value!r}."
             )
         return tuple(value)
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise OptionError(
+                f"tpu_inductor: option {name!r} must be a non-negative integer, got {value!r}."
+            )
+        return value
+    if kind == "str | None":
+        if value is not None and not isinstance(value, str):
+            raise OptionError(
+                f"tpu_inductor: option {name!r} must be a path or None, got {value!r}."
+            )
+        return value
     raise AssertionError(f"unhandled option type {kind} for {name}")  # a bug in this module

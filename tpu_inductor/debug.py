@@ -1,22 +1,66 @@
-"""What happened in each compile: stage timings, the cache decision, the input signature.
+"""What happened in each compile: stage timings, dumps, structured traces, recompile reasons.
 
 `compile_fx` opens one `CompileRecord` per compiled graph specialization and times each stage
-with `record.stage(name)`; dumps, recompile explanations and the benchmark's cold-start
-breakdown read these records. This module imports none of the other rooms.
+with `record.stage(name)`; the benchmark's cold-start breakdown and `tpu-inductor explain` read
+these records. Around them, this module makes every stage visible:
+
+- With `dump_dir` (option or `TPU_INDUCTOR_DUMP_DIR`), each record gets one folder,
+  `<dump_dir>/<id>_<graph>/`, of numbered stage files: the Dynamo graph, the ATen graph, the
+  graph after each pass with a diff, StableHLO with and without locations, the optimized HLO,
+  and `compile.json` (timings, cache decision, inputs, recompile reason, fallback ops).
+- The same payloads go out as `torch._logging.trace_structured` artifacts named
+  `tpu_inductor_<graph>_<stage>`, so `TORCH_TRACE=dir` + `tlparse` show them per compile id.
+- `TORCH_LOGS="+tpu_inductor"` (or `+tpu_inductor.lowering`, `.passes`, `.cache`) turns on our
+  loggers; at DEBUG the `tpu_inductor_graphs` artifact prints every graph stage.
+- A graph compiled again (same fingerprint, other inputs or options) logs one line that says
+  what changed, from what to what, and what would avoid it.
+- A failed PJRT compile writes a reproducer folder and names it in the error.
+
+Graph-level stages (before a record exists) are kept in memory, by graph name, only while
+dumping, and copied into the folder of each record of that graph. This module imports none of
+the other rooms (it reads `lowered.text` and `executable.hlo_modules()` by duck typing).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import itertools
+import json
 import logging
+import os
+import sys
+import tempfile
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
+
+import torch
+
+from .config import Options
+from .exc import CompileError
 
 log = logging.getLogger(__name__)
 
 _ids = itertools.count()
+
+# Our names in torch's logging registry: `torch._logging.set_logs(modules={name: level})`.
+# (TORCH_LOGS reads module names too, e.g. "+tpu_inductor.lowering": it is parsed when torch is
+# imported, before these aliases exist, so it takes the dotted module names.)
+_LOGS = {
+    "tpu_inductor": "tpu_inductor",
+    "tpu_inductor_lowering": "tpu_inductor.lowering",
+    "tpu_inductor_passes": "tpu_inductor.passes",
+    "tpu_inductor_cache": "tpu_inductor.cache",
+}
+for _alias, _qname in _LOGS.items():
+    torch._logging._internal.register_log(_alias, _qname)
+torch._logging._internal.register_artifact(
+    "tpu_inductor_graphs", "tpu_inductor's graph at each compile stage (ATen, passes, StableHLO)"
+)
+graph_log = torch._logging.getArtifactLogger(__name__, "tpu_inductor_graphs")
 
 
 @dataclasses.dataclass
@@ -28,22 +72,444 @@ class CompileRecord:
     timings: dict[str, float] = dataclasses.field(default_factory=dict)  # stage → seconds
     cache: dict[str, Any] = dataclasses.field(default_factory=dict)  # decision, key digest, ...
     id: int = dataclasses.field(default_factory=lambda: next(_ids))
+    fingerprint: str | None = None  # the graph's fingerprint (same graph → same fingerprint)
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # cache-key options
+    compile_id: Any = None  # Dynamo's CompileId ("0/1") of the graph, when Dynamo traced it
+    recompile: str | None = None  # why this graph was compiled again, if it was
+    fallback: dict[str, Any] = dataclasses.field(default_factory=dict)  # op → count, sites
+    passes: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)  # rewrites
+    error: str | None = None  # the last failure inside a stage (a recovered cache fault too)
+    status: str = "compiling"  # then "ok" or "failed"
+    dump_path: Path | None = None  # this record's dump folder, when dumping
+    files: list[str] = dataclasses.field(default_factory=list)  # stage files written
 
     @contextlib.contextmanager
     def stage(self, name: str):
-        """Time a stage; repeated stages add up."""
+        """Time a stage; repeated stages add up. A failure inside is recorded (and re-raised)."""
         start = time.perf_counter()
         try:
             yield
+        except Exception as e:
+            self.status, self.error = "failed", f"{name}: {type(e).__name__}: {e}"
+            _write_compile_json(self)
+            raise
         finally:
             self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+
+    @property
+    def label(self) -> str:
+        """The record's folder name and trace-artifact prefix: `<id>_<graph>`."""
+        return f"{self.id:03d}_{self.graph}"
 
 
 # Every record of this process, oldest first (tests and the benchmark read them).
 records: list[CompileRecord] = []
 
 
-def new_record(graph: str, inputs: tuple) -> CompileRecord:
-    record = CompileRecord(graph, inputs)
+@dataclasses.dataclass
+class _Stage:
+    name: str  # e.g. "aten_forward", "pass_cleanup"
+    files: dict[str, str]  # file extension → text, e.g. {".py": ..., ".diff": ...}
+
+
+@dataclasses.dataclass
+class _GraphState:
+    """What happened to a graph before its records: stages (when dumping), fallback, passes."""
+
+    stages: list[_Stage] = dataclasses.field(default_factory=list)
+    fallback: dict[str, Any] = dataclasses.field(default_factory=dict)
+    passes: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+
+
+# graph name (or "dynamo:<compile id>") → its state; filled only while dumping.
+_graphs: dict[str, _GraphState] = {}
+
+
+def _active(options: Options | None) -> bool:
+    """Whether anyone will read stage payloads: a dump folder, a trace or the graphs log."""
+    from torch._logging._internal import trace_log
+
+    dumping = options is not None and options.dump_dir is not None
+    return dumping or bool(trace_log.handlers) or graph_log.isEnabledFor(logging.DEBUG)
+
+
+def readable(gm: torch.fx.GraphModule) -> str:
+    """A graph as Python with each value's dtype and shape and the user's source lines."""
+    return gm.print_readable(print_output=False, include_stride=False, include_device=False)
+
+
+# graph name → Dynamo's compile id when it was traced (specializations compile later, at run
+# time, outside Dynamo's context: their records and artifacts are filed under this id).
+_compile_ids: dict[str, Any] = {}
+
+
+def _compile_id(graph: str | None = None):
+    """Dynamo's current CompileId, else the one graph `graph` (or its parent) was traced under."""
+    from torch._guards import CompileContext
+
+    current = CompileContext.current_compile_id()
+    if current is not None or graph is None:
+        return current
+    return _compile_ids.get(graph) or _compile_ids.get(graph.rpartition(".")[0])
+
+
+def _state(name: str) -> _GraphState:
+    """The state of graph `name`, started from its parent's (a region "g.fused_0" of "g") or,
+    for a whole graph, from the Dynamo graph of the current compile id."""
+    if name not in _graphs:
+        parent, _, _ = name.rpartition(".")
+        origin = _graphs.get(parent or f"dynamo:{_compile_id()}", _GraphState())
+        _graphs[name] = _GraphState(list(origin.stages), dict(origin.fallback))
+    return _graphs[name]
+
+
+def _emit(label: str, stage: _Stage, graph: str | None) -> None:
+    """Send a stage to the structured trace (under graph's compile id) and the graphs log."""
+    for ext, text in stage.files.items():
+        name = f"tpu_inductor_{label}_{stage.name}_{ext.lstrip('.')}"
+        torch._logging.trace_structured(
+            "artifact",
+            metadata_fn=lambda name=name: {"name": name, "encoding": "string"},
+            payload_fn=lambda text=text: text,
+            expect_trace_id=False,
+            compile_id=_compile_id(graph),
+        )
+        graph_log.debug("%s %s%s:\n%s", label, stage.name, ext, text)
+
+
+def dynamo_graph(gm: torch.fx.GraphModule, options: Options) -> None:
+    """Stage 0: the graph Dynamo handed the backend (parent of its forward/backward graphs)."""
+    if not _active(options):
+        return
+    compile_id = _compile_id()
+    stage = _Stage("dynamo_graph", {".py": readable(gm)})
+    _emit(f"dynamo_{compile_id}".replace("/", "_"), stage, None)
+    if options.dump_dir is not None:
+        _graphs[f"dynamo:{compile_id}"] = _GraphState([stage])
+
+
+def graph_stage(name: str, stage: str, gm: torch.fx.GraphModule, options: Options) -> None:
+    """A graph-level stage of graph `name` (e.g. "aten_forward", "partitioned")."""
+    if not _active(options):
+        return
+    _compile_ids.setdefault(name, _compile_id())
+    item = _Stage(stage, {".py": readable(gm)})
+    _emit(name, item, name)
+    if options.dump_dir is not None:
+        _state(name).stages.append(item)
+
+
+def fallback_ops(name: str, missing: dict[str, list[str]], platform: str, options: Options):
+    """Ops of graph `name` that run in eager torch, their source lines and why."""
+    if options.dump_dir is None:
+        return
+    _state(name).fallback = {
+        op: {
+            "count": len(sites),
+            "sites": list(dict.fromkeys(sites)),
+            "why": f"no lowering rule for platform {platform!r}",
+        }
+        for op, sites in sorted(missing.items())
+    }
+
+
+def pass_hook(name: str, gm: torch.fx.GraphModule, options: Options) -> Callable | None:
+    """For `passes.pipeline.run_passes(after_pass=...)`: dumps the graph and a diff after each
+    pass of graph `name`; None when nobody reads it."""
+    if not _active(options):
+        return None
+    before = [readable(gm)]
+
+    def after_pass(pass_name: str, gm: torch.fx.GraphModule, rewrites: dict[str, int]) -> None:
+        text = readable(gm)
+        header = f"# pass {pass_name}: rewrites {dict(rewrites) or 'none'}\n"
+        diff = difflib.unified_diff(
+            before[0].splitlines(keepends=True),
+            text.splitlines(keepends=True),
+            f"before {pass_name}",
+            f"after {pass_name}",
+        )
+        before[0] = text
+        item = _Stage(f"pass_{pass_name}", {".py": text, ".diff": header + "".join(diff)})
+        _emit(name, item, name)
+        if options.dump_dir is not None:
+            state = _state(name)
+            state.stages.append(item)
+            state.passes[pass_name] = dict(rewrites)
+
+    return after_pass
+
+
+def new_record(
+    graph: str, inputs: tuple, *, fingerprint: str | None = None, options: Options | None = None
+) -> CompileRecord:
+    """Open the record of one compile of `graph` for `inputs`; explain it if it recompiles."""
+    compile_id = _compile_id(graph)
+    record = CompileRecord(graph, inputs, fingerprint=fingerprint, compile_id=compile_id)
+    if options is not None:
+        record.options = options.cache_key_entries()
+    if fingerprint is not None:
+        _explain_if_recompile(record)
     records.append(record)
+    if options is not None and options.dump_dir is not None:
+        _open_folder(record, Path(options.dump_dir))
     return record
+
+
+def _open_folder(record: CompileRecord, root: Path) -> None:
+    path = root / record.label
+    if path.exists():  # another process numbered its records alike
+        path = root / f"{record.label}.{os.getpid()}"
+    path.mkdir(parents=True, exist_ok=True)
+    record.dump_path = path
+    state = _state(record.graph)
+    record.fallback, record.passes = state.fallback, dict(state.passes)
+    for stage in state.stages:
+        _write_stage(record, stage)
+    _write_compile_json(record)
+
+
+def _write_stage(record: CompileRecord, stage: _Stage) -> None:
+    number = len({name.split("_", 1)[0] for name in record.files})
+    for ext, text in stage.files.items():
+        file_name = f"{number:02d}_{stage.name}{ext}"
+        (record.dump_path / file_name).write_text(text)
+        record.files.append(file_name)
+
+
+def dump_stage(record: CompileRecord, stage: str, text: str | Callable[[], str], ext: str):
+    """A stage of one record (e.g. "stablehlo"); `text` may be a function, called only if read."""
+    if record.dump_path is None and not _active(None):
+        return
+    item = _Stage(stage, {ext: text() if callable(text) else text})
+    _emit(record.label, item, record.graph)
+    if record.dump_path is not None:
+        _write_stage(record, item)
+
+
+def dump_lowered(record: CompileRecord, lowered) -> None:
+    """StableHLO of a LoweredModule, without and with source locations."""
+    dump_stage(record, "stablehlo", lowered.text, ".mlir")
+    with_locations = getattr(lowered, "text_with_locations", "")
+    if with_locations:
+        dump_stage(record, "stablehlo_locations", with_locations, ".mlir")
+
+
+def dump_executable(record: CompileRecord, executable) -> None:
+    """The optimized HLO that PJRT compiled (`executable.hlo_modules()`)."""
+    dump_stage(
+        record,
+        "optimized_hlo",
+        lambda: "\n\n".join(m.to_string() for m in executable.hlo_modules()),
+        ".txt",
+    )
+
+
+def finish(record: CompileRecord) -> None:
+    """Close a record after a successful compile (or cache hit): write compile.json."""
+    record.status = "ok"
+    _write_compile_json(record)
+    torch._logging.trace_structured(
+        "artifact",
+        metadata_fn=lambda: {"name": f"tpu_inductor_{record.label}_compile", "encoding": "json"},
+        payload_fn=lambda: compile_summary(record),
+        expect_trace_id=False,
+        compile_id=record.compile_id,
+    )
+
+
+def compile_summary(record: CompileRecord) -> dict[str, Any]:
+    """What compile.json holds: everything known about one compile, as JSON values."""
+    return {
+        "id": record.id,
+        "graph": record.graph,
+        "compile_id": None if record.compile_id is None else str(record.compile_id),
+        "status": record.status,
+        "error": record.error,
+        "inputs": [describe_input(v) for v in record.inputs],
+        "timings": record.timings,
+        "total_s": sum(record.timings.values()),
+        "cache": record.cache,
+        "recompile_reason": record.recompile,
+        "options": {k: list(v) if isinstance(v, tuple) else v for k, v in record.options.items()},
+        "fallback_ops": record.fallback,
+        "pass_rewrites": record.passes,
+        "fingerprint": record.fingerprint,
+        "files": record.files,
+    }
+
+
+def _write_compile_json(record: CompileRecord) -> None:
+    if record.dump_path is not None:
+        text = json.dumps(compile_summary(record), indent=1, default=str)
+        (record.dump_path / "compile.json").write_text(text + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Recompile explanations.
+
+
+def describe_input(value: Any) -> str:
+    """An input signature entry as text: "float32[8, 16]" for a tensor, repr for a scalar."""
+    if _is_tensor_entry(value):
+        shape, dtype = value
+        return f"{dtype.removeprefix('torch.')}[{', '.join(map(str, shape))}]"
+    return repr(value)
+
+
+def _is_tensor_entry(value: Any) -> bool:
+    return (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and isinstance(value[0], tuple)
+        and isinstance(value[1], str)
+    )
+
+
+def _bucket(size: int) -> int:
+    """The power-of-two bucket a size falls in."""
+    return 1 if size <= 1 else 1 << (size - 1).bit_length()
+
+
+def explain_recompile(
+    old: tuple,
+    new: tuple,
+    *,
+    same_graph: bool,
+    old_options: dict | None = None,
+    new_options: dict | None = None,
+) -> str:
+    """Why a graph compiled for `old` inputs is compiled again for `new` ones, and the remedy.
+
+    `same_graph`: the same (symbolic-shape) graph is specialized again, rather than Dynamo
+    handing over an identical graph for the new static shapes.
+    """
+    changes: list[str] = []
+    advice: list[str] = []
+    if len(old) != len(new):
+        changes.append(f"the number of inputs changed from {len(old)} to {len(new)}")
+    for position, (before, after) in enumerate(zip(old, new)):
+        if before == after:
+            continue
+        if _is_tensor_entry(before) and _is_tensor_entry(after):
+            changes.append(_tensor_change(position, before, after, advice, same_graph))
+        else:
+            kind = " (a symbolic size)" if same_graph else ""
+            changes.append(
+                f"input {position}{kind}: {describe_input(before)} → {describe_input(after)}"
+            )
+            if not same_graph:
+                advice.append("pass Python numbers that vary as tensors (each value compiles)")
+    for key in sorted(set(old_options or {}) | set(new_options or {})):
+        before, after = (old_options or {}).get(key), (new_options or {}).get(key)
+        if before != after:
+            changes.append(f"option {key}: {before!r} → {after!r}")
+            advice.append("use the same options for every torch.compile of this model")
+    if not changes:
+        changes.append("the cache key changed (e.g. versions, device or passes)")
+    remedy = "; ".join(dict.fromkeys(advice)) or "nothing: the program differs"
+    return f"{'; '.join(changes)}. To avoid it: {remedy}."
+
+
+def _tensor_change(position: int, before, after, advice: list[str], same_graph: bool) -> str:
+    (old_shape, old_dtype), (new_shape, new_dtype) = before, after
+    what = f"input {position} ({describe_input(before)} → {describe_input(after)})"
+    if old_dtype != new_dtype:
+        advice.append(
+            f"cast input {position} to {old_dtype.removeprefix('torch.')} before the call"
+        )
+        return f"{what}: dtype {old_dtype} → {new_dtype}"
+    if len(old_shape) != len(new_shape):
+        advice.append(f"keep input {position}'s rank fixed")
+        return f"{what}: rank {len(old_shape)} → {len(new_shape)}"
+    dims = [d for d, (a, b) in enumerate(zip(old_shape, new_shape)) if a != b]
+    for d in dims:
+        a, b = old_shape[d], new_shape[d]
+        if not same_graph:
+            advice.append(f"mark it dynamic (torch._dynamo.mark_dynamic(input, {d}))")
+        if _bucket(a) == _bucket(b):
+            advice.append(
+                f"shape bucketing: {a} and {b} share the power-of-two bucket {_bucket(a)}"
+            )
+        else:
+            advice.append(
+                f"shape bucketing: {b} falls in the power-of-two bucket {_bucket(b)} "
+                f"({a} in {_bucket(a)}), one compile per bucket"
+            )
+    return what + ": " + ", ".join(f"dim {d}: {old_shape[d]} → {new_shape[d]}" for d in dims)
+
+
+def _explain_if_recompile(record: CompileRecord) -> None:
+    same = [r for r in records if r.fingerprint == record.fingerprint]
+    if not same or any(r.inputs == record.inputs and r.options == record.options for r in same):
+        return  # a first compile, or the same program again (a cache hit)
+    previous = same[-1]
+    record.recompile = explain_recompile(
+        previous.inputs,
+        record.inputs,
+        same_graph=previous.graph == record.graph,
+        old_options=previous.options,
+        new_options=record.options,
+    )
+    same_as = "" if previous.graph == record.graph else f", the same graph as {previous.graph}"
+    log.info(
+        "tpu_inductor: recompiling for new %s (%s%s): %s",
+        _what_changed(previous.inputs, record.inputs),
+        record.graph,
+        same_as,
+        record.recompile,
+    )
+
+
+def _what_changed(old: tuple, new: tuple) -> str:
+    """What a recompile is for: "input sizes" (dtypes and ranks kept), "inputs" or "options"."""
+    if old == new:
+        return "options"
+    changed = [(a, b) for a, b in zip(old, new) if a != b]
+    if len(old) == len(new) and all(_is_size_change(a, b) for a, b in changed):
+        return "input sizes"
+    return "inputs"
+
+
+def _is_size_change(before, after) -> bool:
+    if _is_tensor_entry(before) and _is_tensor_entry(after):
+        return before[1] == after[1] and len(before[0]) == len(after[0])
+    return isinstance(before, int) and isinstance(after, int)  # a symbolic size's value
+
+
+# ---------------------------------------------------------------------------------------------
+# Reproducers of failed compiles.
+
+
+@contextlib.contextmanager
+def reproducer_on_error(record: CompileRecord, lowered, platform: str) -> Iterator[None]:
+    """Around a PJRT compile of `lowered`: on CompileError, write a reproducer and name it."""
+    try:
+        yield
+    except CompileError as e:
+        path = write_reproducer(record, lowered.text, platform, str(e))
+        raise CompileError(
+            f"{e}\nA reproducer (the StableHLO module) is in {path}; recompile it with:\n"
+            f"  {repro_command(path)}"
+        ) from e
+
+
+def repro_command(path: Path) -> str:
+    """The one-line command that recompiles a reproducer folder."""
+    return f'{sys.executable} -m tpu_inductor.cli repro "{path}"'
+
+
+def write_reproducer(record: CompileRecord, module_text: str, platform: str, error: str) -> Path:
+    """Write module.mlir, repro.json and repro.sh into the record's dump folder (or a temp one)."""
+    if record.dump_path is not None:
+        path = record.dump_path / "repro"
+        path.mkdir(exist_ok=True)
+    else:
+        path = Path(tempfile.mkdtemp(prefix=f"tpu_inductor_repro_{record.graph}_"))
+    (path / "module.mlir").write_text(module_text)
+    facts = {"platform": platform, "graph": record.graph, "error": error}
+    facts["inputs"] = [describe_input(v) for v in record.inputs]
+    (path / "repro.json").write_text(json.dumps(facts, indent=1) + "\n")
+    here = Path('$(dirname "$0")')
+    (path / "repro.sh").write_text(f"#!/bin/sh\n{repro_command(here)}\n")
+    return path

@@ -41,3 +41,7 @@ class CacheError(TpuInductorError):
 
 class ArtifactError(TpuInductorError):
     """An AOT artifact is damaged or was built for another version or platform."""
+
+
+class BenchError(TpuInductorError, ValueError):
+    """A benchmark model that cannot be found or built (a bad name or factory)."""

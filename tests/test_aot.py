@@ -1,0 +1,195 @@
+"""Ahead-of-time artifacts: compile → load in a fresh process → eager numbers; faults; tpu."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils._pytree import tree_flatten
+
+from tpu_inductor import aot, cli
+from tpu_inductor.exc import ArtifactError, InputMismatchError, OptionError
+
+from .helpers import assert_same
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _Model(nn.Module):
+    """Embedding + a buffer + a dict output: weights, buffers and pytree outputs round trip."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.lin = nn.Linear(16, 8)
+        self.register_buffer("scale", torch.tensor(0.5))
+
+    def forward(self, ids, x):
+        h = self.emb(ids).mean(1) * self.scale + x
+        return {"y": self.lin(h).softmax(-1), "h": h}
+
+
+def make_model() -> nn.Module:
+    """The factory the CLI test names as `tests.test_aot:make_model`."""
+    torch.manual_seed(0)
+    return _Model().eval()
+
+
+_INPUTS = [aot.parse_input("ids:int64[2,S]"), aot.parse_input("x:float32[2,16]")]
+
+
+def _example(seq: int):
+    return {"ids": torch.randint(0, 50, (2, seq)), "x": torch.randn(2, 16)}
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    out = tmp_path_factory.mktemp("artifact")
+    aot.compile_model(make_model(), _INPUTS, out, buckets={"S": (3, 5)})
+    return out
+
+
+def _copy(artifact, tmp_path):
+    shutil.copytree(artifact, tmp_path / "a")
+    return tmp_path / "a"
+
+
+def test_parse_specs():
+    spec = aot.parse_input("ids:int64[8, S]")
+    assert (spec.name, spec.dtype, spec.shape) == ("ids", torch.int64, (8, "S"))
+    assert aot.parse_bucket("S=16,32") == ("S", (16, 32))
+    for bad in ("ids:int64", "ids:notatype[2]", "ids:int64[2,-1]"):
+        with pytest.raises(OptionError, match="bad --input"):
+            aot.parse_input(bad)
+    with pytest.raises(OptionError, match="bad --bucket"):
+        aot.parse_bucket("S=")
+
+
+def test_named_dim_without_bucket_is_an_error(tmp_path):
+    with pytest.raises(OptionError, match=r"dims \['S'\] have no --bucket"):
+        aot.compile_model(make_model(), _INPUTS, tmp_path)
+
+
+def test_round_trip_in_a_fresh_process_matches_eager(artifact, tmp_path):
+    model = make_model()
+    for seq in (5,):  # the other bucket is checked in-process below
+        inputs = _example(seq)
+        np.savez(tmp_path / "in.npz", **{k: v.numpy() for k, v in inputs.items()})
+        run = [sys.executable, "-m", "tpu_inductor.cli", "run", str(artifact)]
+        run += ["--input", str(tmp_path / "in.npz"), "--out", str(tmp_path / "out.npz")]
+        proc = subprocess.run(run, cwd=_ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        with np.load(tmp_path / "out.npz") as data:
+            got = [torch.from_numpy(data[f"arr_{i}"]) for i in range(len(data.files))]
+        with torch.no_grad():
+            expected, _ = tree_flatten(model(**inputs))
+        assert_same(got, expected)
+
+
+def test_loaded_artifact_returns_the_model_structure(artifact):
+    loaded = aot.load(artifact)
+    inputs = _example(3)
+    with torch.no_grad():
+        expected = make_model()(**inputs)
+    assert_same(loaded(inputs["ids"], x=inputs["x"]), expected)
+
+
+def test_mismatched_inputs_name_the_input_and_both_specs(artifact):
+    loaded = aot.load(artifact)
+    ids, x = _example(5).values()
+    with pytest.raises(
+        InputMismatchError,
+        match=r"'ids' expected int64\[2, 3\] or int64\[2, 5\].*got int64\[2, 4\]",
+    ):
+        loaded(ids[:, :4], x)
+    with pytest.raises(
+        InputMismatchError, match=r"'x' expected float32\[2, 16\].*got float64\[2, 16\]"
+    ):
+        loaded(ids, x.double())
+    with pytest.raises(InputMismatchError, match=r"missing inputs \['x'\]"):
+        loaded(ids)
+    with pytest.raises(InputMismatchError, match="takes inputs"):
+        loaded(ids, x, x)
+
+
+@pytest.mark.parametrize(
+    "damage, file",
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[:-7]), "weights.safetensors"),
+        (lambda p: p.write_bytes(b"\0" + p.read_bytes()[1:]), "buckets/0/executable.bin"),
+        (lambda p: p.unlink(), "buckets/1/module.stablehlo"),
+        (lambda p: p.write_text("{not json"), "manifest.json"),
+    ],
+)
+def test_damaged_artifact_names_the_file(artifact, tmp_path, damage, file):
+    directory = _copy(artifact, tmp_path)
+    damage(directory / file)
+    with pytest.raises(ArtifactError, match=rf"{file}.*(?:[Rr]ebuild)"):
+        aot.load(directory)(**_example(3))
+
+
+def test_damage_behind_a_valid_checksum_is_still_an_artifact_error(artifact, tmp_path):
+    directory = _copy(artifact, tmp_path)
+    (directory / "buckets/0/module.stablehlo").write_bytes(b"junk that is not StableHLO")
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["files"]["buckets/0/module.stablehlo"] = aot._file_sha256(
+        directory / "buckets/0/module.stablehlo"
+    )
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="module.stablehlo.*rebuild"):
+        aot.load(directory)(**_example(3))
+
+
+def test_newer_format_is_a_version_error(artifact, tmp_path):
+    directory = _copy(artifact, tmp_path)
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["format"] = aot.FORMAT + 1
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="artifact format .*reads format"):
+        aot.load(directory)
+
+
+def test_executable_for_another_jaxlib_is_recompiled_from_portable_stablehlo(artifact, tmp_path):
+    directory = _copy(artifact, tmp_path)
+    manifest = json.loads((directory / "manifest.json").read_text())
+    for entry in manifest["entries"]:
+        entry["executable"]["jaxlib"] = "0.0.1"
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    for name in ("buckets/0/executable.bin", "buckets/1/executable.bin"):
+        (directory / name).write_bytes(b"never read")  # would fail if it were deserialized
+        manifest["files"][name] = aot._file_sha256(directory / name)
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    inputs = _example(5)
+    with torch.no_grad():
+        assert_same(aot.load(directory)(**inputs), make_model()(**inputs))
+
+
+def test_cli_compile_and_inspect(tmp_path, capsys):
+    out = tmp_path / "cli"
+    args = ["compile", "tests.test_aot:make_model", "--input", "ids:int64[2,4]"]
+    assert cli.main([*args, "--input", "x:float32[2,16]", "--out", str(out)]) == 0
+    assert cli.main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "bucket 0:  static" in text and "(executable)" in text
+    inputs = _example(4)
+    with torch.no_grad():
+        assert_same(aot.load(out)(**inputs), make_model()(**inputs))
+
+
+def test_lowering_for_tpu_is_produced_on_this_machine(tmp_path):
+    aot.compile_model(make_model(), _INPUTS, tmp_path, buckets={"S": (4,)}, platform="tpu")
+    manifest = aot.read_manifest(tmp_path)
+    assert manifest["platform"] == "tpu" and manifest["entries"][0]["executable"] is None
+    assert not (tmp_path / "buckets/0/executable.bin").exists()
+    text = (tmp_path / "buckets/0/module.mlir").read_text()
+    assert "func.func public @main" in text and "tensor<2x4xi64>" in text
+    assert aot._from_portable(tmp_path / "buckets/0")  # the portable bytes deserialize
+    with pytest.raises(ArtifactError, match="built for 'tpu'.*--platform cpu"):
+        aot.load(tmp_path)

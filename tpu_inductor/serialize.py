@@ -1,0 +1,98 @@
+"""A LoweredModule as plain JSON values and back: no pickle, nothing but data is ever loaded.
+
+The compile cache and AOT artifacts store the call description of a lowered module (which graph
+inputs are tensors, output slots, mutations, specs with torch dtypes by name) in a JSON manifest
+beside the StableHLO text and bytecode, which travel as separate files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .lowering.stablehlo import LoweredModule, OutputSlot, TensorSpec
+
+_SCALARS = (type(None), bool, int, float, str)
+
+
+class NotSerializable(ValueError):
+    """A lowered module holds a value with no JSON form (it is then not stored)."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.float32` → "float32"."""
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """ "float32" → `torch.float32`; a ValueError for anything that is not a torch dtype."""
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{name!r} is not a torch dtype name")
+    return dtype
+
+
+def spec_to_json(spec: TensorSpec) -> dict[str, Any]:
+    return {"shape": list(spec.shape), "dtype": dtype_name(spec.dtype)}
+
+
+def spec_from_json(data: dict[str, Any]) -> TensorSpec:
+    shape = data["shape"]
+    if not isinstance(shape, list) or not all(type(d) is int for d in shape):
+        raise ValueError(f"bad tensor shape {shape!r}")
+    return TensorSpec(tuple(shape), dtype_from_name(data["dtype"]))
+
+
+def lowered_to_json(lowered: LoweredModule) -> dict[str, Any]:
+    """The call description of `lowered` (everything but its bytecode and text)."""
+    outputs = []
+    for slot in lowered.outputs:
+        if slot.result is not None:
+            outputs.append({"result": slot.result})
+        elif isinstance(slot.value, _SCALARS):
+            outputs.append({"value": slot.value})
+        else:
+            raise NotSerializable(f"graph output value {slot.value!r} has no JSON form")
+    return {
+        "platform": lowered.platform,
+        "tensor_inputs": list(lowered.tensor_inputs),
+        "input_specs": [spec_to_json(s) for s in lowered.input_specs],
+        "output_specs": [spec_to_json(s) for s in lowered.output_specs],
+        "outputs": outputs,
+        "mutations": [list(m) for m in lowered.mutations],
+        "uses_rng": lowered.uses_rng,
+        "x64": lowered.x64,
+    }
+
+
+def lowered_from_json(data: dict[str, Any], bytecode: bytes, text: str) -> LoweredModule:
+    """Rebuild a LoweredModule; a ValueError (or KeyError/TypeError) names what is malformed."""
+    outputs = []
+    for slot in data["outputs"]:
+        if "result" in slot:
+            outputs.append(OutputSlot(_int(slot["result"])))
+        elif isinstance(slot["value"], _SCALARS):
+            outputs.append(OutputSlot(None, slot["value"]))
+        else:
+            raise ValueError(f"bad output slot {slot!r}")
+    if not isinstance(data["uses_rng"], bool) or data["x64"] not in ("keep", "narrow"):
+        raise ValueError("bad uses_rng or x64 field")
+    return LoweredModule(
+        bytecode=bytecode,
+        text=text,
+        platform=str(data["platform"]),
+        tensor_inputs=tuple(_int(i) for i in data["tensor_inputs"]),
+        input_specs=tuple(spec_from_json(s) for s in data["input_specs"]),
+        output_specs=tuple(spec_from_json(s) for s in data["output_specs"]),
+        outputs=tuple(outputs),
+        mutations=tuple((_int(p), _int(r)) for p, r in data["mutations"]),
+        uses_rng=data["uses_rng"],
+        x64=data["x64"],
+    )
+
+
+def _int(value) -> int:
+    if type(value) is not int:
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
