@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-slow lint format clean
+.PHONY: setup run test test-slow opinfo bench lint format clean
 
 setup: $(STAMP)
 
@@ -18,11 +18,27 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) examples/quickstart.py
 
+# Two workers (pytest-xdist): the suite is compile-bound and CI has 2 cores.
 test: $(STAMP)
-	$(PY) -m pytest -q -x -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n 2
+
+# The full OpInfo run (3 samples; float32, bfloat16, int64, bool) → bench/results/opinfo.md.
+opinfo: $(STAMP)
+	mkdir -p bench/results
+	$(PY) -m tests.opinfo.runner --samples 3 --out bench/results/opinfo.md \
+		--json bench/results/opinfo.json
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# The standard benchmark set (inference and training step) → bench/results/latest.{json,md,png}.
+$(VENV)/.installed-bench: $(STAMP)
+	$(PY) -m pip install -q -e ".[bench]"
+	touch $@
+
+bench: $(VENV)/.installed-bench
+	$(PY) -m tpu_inductor.cli bench --train --json bench/results/latest.json \
+		--markdown bench/results/latest.md --plot bench/results/latest.png
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tpu_inductor lowering passes tests examples

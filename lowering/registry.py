@@ -25,6 +25,8 @@ RULE_MODULES = (
     "shape",
     "indexing",
     "linalg",
+    "fft",
+    "special",
     "nn",
     "random",
     "creation",
@@ -109,6 +111,13 @@ def registered_ops() -> list[OpOverload]:
     return sorted(_RULES, key=str)
 
 
+def node_op(node: torch.fx.Node):
+    """The op a node runs: its target, or the op a `with_effects(token, op, ...)` node wraps."""
+    if node.target is torch.ops.higher_order.with_effects:
+        return node.args[1]
+    return node.target
+
+
 def supported(node: torch.fx.Node, platform: str | None = None) -> bool:
     """Whether the interpreter can lower this call_function node (the partitioner asks)."""
     from .interpreter import INTERPRETER_TARGETS
@@ -117,7 +126,8 @@ def supported(node: torch.fx.Node, platform: str | None = None) -> bool:
         return False
     if node.target in INTERPRETER_TARGETS:
         return True
-    rule = lookup(node.target, platform) if isinstance(node.target, OpOverload) else None
+    op = node_op(node)
+    rule = lookup(op, platform) if isinstance(op, OpOverload) else None
     if rule is None or (rule.supports is not None and not rule.supports(node)):
         return False
     return _values_supported(node)
@@ -133,3 +143,26 @@ def _values_supported(node: torch.fx.Node) -> bool:
         ):
             return False
     return True
+
+
+def core_aten_ops() -> list[OpOverload]:
+    """Every overload torch tags as part of the core ATen opset."""
+    found = []
+    for name in dir(torch.ops.aten):
+        packet = getattr(torch.ops.aten, name, None)
+        if not isinstance(packet, OpOverloadPacket):
+            continue
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            if torch.Tag.core in op.tags:
+                found.append(op)
+    return sorted(found, key=str)
+
+
+def core_aten_coverage() -> tuple[list[OpOverload], list[OpOverload]]:
+    """(covered, missing) core ATen overloads (a rule, or evaluated by the interpreter)."""
+    from .interpreter import INTERPRETER_TARGETS
+
+    core = core_aten_ops()
+    covered = [op for op in core if op in INTERPRETER_TARGETS or lookup(op) is not None]
+    return covered, [op for op in core if op not in covered]

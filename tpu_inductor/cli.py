@@ -1,4 +1,4 @@
-"""The `tpu-inductor` command: `--version`, `devices`, and the subcommands of other rooms.
+"""The `tpu-inductor` command: `--version`, `devices`, `ops`, and the subcommands of other rooms.
 
 Each module named in `SUBCOMMAND_MODULES` provides `add_subcommands(commands)`, which adds its
 argparse subparsers and sets `run=` on each (a function args -> exit code).
@@ -29,6 +29,23 @@ def _devices(_args) -> int:
     return 0
 
 
+def _ops(args) -> int:
+    from .lowering import registry
+
+    covered, missing = registry.core_aten_coverage()
+    if args.list:
+        for op in registry.registered_ops():
+            print(op)
+    total = len(covered) + len(missing)
+    print(f"registered ATen overloads: {len(registry.registered_ops())}")
+    print(f"core ATen opset: {len(covered)}/{total} covered ({100 * len(covered) / total:.1f}%)")
+    if missing:
+        print("missing core ATen overloads:")
+        for op in missing:
+            print(f"  {op}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tpu-inductor", description=__doc__)
     parser.add_argument("--version", action="version", version=f"tpu-inductor {__version__}")
@@ -36,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("devices", help="list the PJRT platforms and devices found").set_defaults(
         run=_devices
     )
+    ops = commands.add_parser("ops", help="registered lowerings and core ATen coverage")
+    ops.add_argument("--list", action="store_true", help="print every registered overload")
+    ops.set_defaults(run=_ops)
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(f"{__package__}.{name}").add_subcommands(commands)
     return parser

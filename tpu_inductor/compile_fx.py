@@ -3,9 +3,13 @@
 Per ATen graph from AOTAutograd:
   1 partition  supported nodes → compiled regions; the rest stays in eager torch, reported
   2 passes     passes.pipeline (cleanup → bucket_shapes → fuse_patterns → annotate_sharding)
-  3 lower      lowering.stablehlo.lower: FX → jax → StableHLO
+  3 lower      lowering.stablehlo.lower: FX → jax → StableHLO (or lowering.torch_mlir.lower)
   4 compile    cache lookup → PJRT compile → cache store
   5 wrap       runtime.CompiledGraph: torch in → device → torch out
+
+With options lowering="torch-mlir" every graph goes through torch-mlir; with
+fallback="torch-mlir" the regions our rules cannot lower go to torch-mlir, and what it cannot
+lower either to eager torch: each region's choice is logged and in its compile record.
 
 Graphs whose inputs have symbolic sizes are specialized per concrete size (keyed by the sizes,
 one log line per compile) until the bucketing pass lands.
@@ -23,7 +27,7 @@ import torch
 
 from . import cache, debug, runtime
 from .config import Options
-from .exc import UnsupportedOpError
+from .exc import TpuInductorError, UnsupportedOpError
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +46,33 @@ def compile_graph(
 
     `kind` ("forward", "backward", "inference") names the graph in logs and compile records.
     """
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    # AOTAutograd calls compilers under its fake mode; the graph's real tensor constants
+    # (get_attr) must be read as real tensors.
+    with unset_fake_temporarily():
+        return _compile_graph(gm, example_inputs, options, static_inputs, kind)
+
+
+def _compile_graph(gm, example_inputs, options: Options, static_inputs, kind: str):
     name = f"{kind}_{next(_graph_ids)}"
     debug.graph_stage(name, f"aten_{kind}", gm, options)
     from .lowering import interpreter
 
     device = runtime.select_device(options.device)
-    missing = interpreter.missing_ops(gm, device.lowering_platform)
+    if "torch-mlir" in (options.lowering, options.fallback):
+        from .lowering import torch_mlir
+
+        torch_mlir.require()
+    missing = (
+        {}
+        if options.lowering == "torch-mlir"
+        else interpreter.missing_ops(gm, device.lowering_platform)
+    )
     if missing:
-        _report_missing(missing, options)
-        debug.fallback_ops(name, missing, device.lowering_platform, options)
+        if options.fallback != "torch-mlir":  # otherwise reported once torch-mlir had its turn
+            _report_missing(missing, options)
+            debug.fallback_ops(name, missing, device.lowering_platform, options)
         from torch._functorch.aot_autograd import make_boxed_func
 
         return make_boxed_func(_compile_partitioned(gm, options, device, name))
@@ -94,8 +116,61 @@ def _compile_partitioned(gm, options: Options, device, name: str) -> torch.fx.Gr
             debug.graph_stage(f"{name}.{region}", "region", sub, options)
             compiled = _compile_region(sub, None, options, device, (), f"{name}.{region}")
             setattr(fused, region, _Unboxed(compiled, _returns_tuple(sub)))
+    if options.fallback == "torch-mlir":
+        fused = _lower_rest_with_torch_mlir(fused, options, device, name)
     fused.recompile()
     log.info("tpu_inductor: compiled %d region(s); the rest runs in eager torch", len(partitions))
+    return fused
+
+
+def _lower_rest_with_torch_mlir(fused, options: Options, device, name: str):
+    """The regions of `fused` our rules left to eager torch, lowered by torch-mlir where it can.
+
+    A region torch-mlir cannot lower (or whose sizes are symbolic) stays in eager torch; the
+    ops that do are reported as fallback ops, each region's choice is logged.
+    """
+    import dataclasses
+    import operator
+
+    from torch._ops import OpOverload
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.operator_support import create_op_support
+
+    from .lowering import interpreter
+
+    def eager_op(_modules, node) -> bool:
+        if node.target is operator.getitem:  # keep a multi-result op's getitems with it
+            node = node.args[0]
+        return node.op == "call_function" and isinstance(node.target, OpOverload)
+
+    partitioner = CapabilityBasedPartitioner(
+        fused, create_op_support(eager_op), allows_single_node_partition=True
+    )
+    partitions = [p for p in partitioner.propose_partitions() if _has_computation(p.nodes)]
+    fused = partitioner.fuse_partitions(partitions, prefix="torch_mlir_")
+    tm_options = dataclasses.replace(options, lowering="torch-mlir")
+    eager: dict[str, list[str]] = {}
+    for region, sub in list(fused.named_children()):
+        if not region.startswith("torch_mlir_"):
+            continue
+        ops = interpreter.missing_ops(sub, device.lowering_platform)
+        values = _placeholder_values(sub)
+        try:
+            if values is None or not all(_is_concrete(v) for v in values):
+                raise UnsupportedOpError("its input sizes are symbolic")
+            compiled = _compile_region(sub, values, tm_options, device, (), f"{name}.{region}")
+        except TpuInductorError as e:
+            log.warning(
+                "tpu_inductor: %s.%s (%s) runs in eager torch: %s", name, region, ", ".join(ops), e
+            )
+            for op, sites in ops.items():
+                eager.setdefault(op, []).extend(sites)
+            continue
+        log.info("tpu_inductor: %s.%s (%s) lowered by torch-mlir", name, region, ", ".join(ops))
+        setattr(fused, region, _Unboxed(compiled, _returns_tuple(sub)))
+    if eager:
+        _report_missing(eager, options)
+        debug.fallback_ops(name, eager, device.lowering_platform, options)
     return fused
 
 
@@ -191,10 +266,11 @@ class _Specializer:
         return runtime.CompiledGraph(executable, lowered, self.device, static)
 
     def _lower_and_compile(self, inputs, record: debug.CompileRecord):
-        from .lowering import stablehlo
+        from .lowering import stablehlo, torch_mlir
 
+        frontend = torch_mlir if self.options.lowering == "torch-mlir" else stablehlo
         with record.stage("lower"):
-            lowered = stablehlo.lower(
+            lowered = frontend.lower(
                 self.gm, inputs, platform=self.device.lowering_platform, x64=self.options.x64
             )
         debug.dump_lowered(record, lowered)

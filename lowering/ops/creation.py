@@ -21,8 +21,13 @@ def full(ctx, size, fill_value, **_kw):
     return _full(ctx, fill_value)
 
 
-@register_lowering(aten.full_like.default, aten.new_full.default, needs_ctx=True)
+@register_lowering(aten.full_like.default, needs_ctx=True)
 def full_like(ctx, x, fill_value, *args, **_kw):
+    return _full(ctx, fill_value)
+
+
+@register_lowering(aten.new_full.default, needs_ctx=True)
+def new_full(ctx, x, size, fill_value, **_kw):
     return _full(ctx, fill_value)
 
 
@@ -75,3 +80,8 @@ def arange(ctx, *args, **_kw):
         )
         * step
     ).astype(ctx.out_dtype)
+
+
+@register_lowering(aten.empty_permuted.default, needs_ctx=True)
+def empty_permuted(ctx, size, physical_layout, **_kw):
+    return _full(ctx, 0)

@@ -259,3 +259,36 @@ def as_strided(ctx, x, size, stride, storage_offset=None):
         shape[axis] = int(n)
         index = index + (jnp.arange(int(n), dtype=jnp.int64) * int(s)).reshape(shape)
     return flat[index] if len(size) else flat[index].reshape(())
+
+
+@register_lowering(aten.copy.default, needs_ctx=True)
+def copy(ctx, x, src, non_blocking=False):
+    return jnp.broadcast_to(cast(src, ctx.out_dtype), x.shape)
+
+
+@register_lowering(aten.narrow_copy.default)
+def narrow_copy(x, dim_, start, length):
+    return narrow(x, dim_, start, length)
+
+
+@register_lowering(aten.diagonal_scatter.default)
+def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    d1, d2 = dim(dim1, x.ndim), dim(dim2, x.ndim)
+    n = src.shape[-1]
+    rows = jnp.arange(n) + max(-offset, 0)
+    cols = jnp.arange(n) + max(offset, 0)
+    moved = jnp.moveaxis(x, (d1, d2), (-2, -1))
+    moved = moved.at[..., rows, cols].set(src.astype(x.dtype))
+    return jnp.moveaxis(moved, (-2, -1), (d1, d2))
+
+
+@register_lowering(aten.unfold.default)
+def unfold(x, dimension, size, step):
+    if x.ndim == 0:
+        return x.reshape((1,))
+    axis = dim(dimension, x.ndim)
+    count = (x.shape[axis] - size) // step + 1
+    starts = jnp.arange(count) * step
+    index = starts[:, None] + jnp.arange(size)[None, :]  # [count, size]
+    taken = jnp.take(x, index, axis=axis)  # inserts [count, size] at axis
+    return jnp.moveaxis(taken, axis + 1, -1)
