@@ -374,10 +374,6 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 _REASON_PREFIX = {
     "unsupported": "no lowering rule yet for",
     "untraceable": "data-dependent shapes or values, Dynamo graph-breaks and eager runs it:",
@@ -407,3 +403,7 @@ def expected_table(results: dict) -> str:
         lines.append("    },")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
