@@ -24,7 +24,15 @@ from . import dtypes, registry
 
 aten = torch.ops.aten
 
-# Targets the interpreter evaluates itself: size arithmetic and tuple access.
+
+def _make_token():
+    """An effect token (threaded through `with_effects` nodes; carries no data)."""
+    import jax.numpy as jnp
+
+    return jnp.zeros((0,), jnp.float32)
+
+
+# Targets the interpreter evaluates itself: size arithmetic, tuple access, effect tokens.
 _PYTHON_TARGETS: dict[Any, Callable] = {
     operator.getitem: operator.getitem,
     operator.add: operator.add,
@@ -53,6 +61,8 @@ _PYTHON_TARGETS: dict[Any, Callable] = {
     aten.sym_numel.default: lambda x: math.prod(x.shape),
     aten.sym_stride.int: lambda x, dim: _contiguous_strides(x.shape)[dim],
     aten.sym_storage_offset.default: lambda x: 0,
+    torch.ops.prims._make_token.default: _make_token,
+    torch.ops.prims._sink_tokens.default: lambda tokens: None,
 }
 INTERPRETER_TARGETS = frozenset(_PYTHON_TARGETS) | {aten.copy_.default}
 
@@ -226,6 +236,9 @@ class GraphRunner:
                 f"no lowering for {target} at node {node.name} ({source_line(node)}); "
                 "add a rule in lowering/ops/ or compile with options={'fallback': 'eager'}."
             )
+        token = None
+        if target is torch.ops.higher_order.with_effects:  # (token, op, *args): thread the token
+            token, _, *args = args
         try:
             with jax.named_scope(node.name):
                 if rule.needs_ctx:
@@ -239,6 +252,8 @@ class GraphRunner:
                 f"lowering {target} failed at node {node.name} ({source_line(node)}): "
                 f"{type(e).__name__}: {e}"
             ) from e
+        if token is not None:
+            result = (token, *result) if isinstance(result, (tuple, list)) else (token, result)
         self._check(node, result)
         return result
 
@@ -279,11 +294,10 @@ class GraphRunner:
 
 
 def _rule_of(node: torch.fx.Node, platform):
-    if node.op != "call_function" or not isinstance(node.target, OpOverload):
+    op = registry.node_op(node) if node.op == "call_function" else None
+    if not isinstance(op, OpOverload) or op in INTERPRETER_TARGETS:
         return None
-    if node.target in INTERPRETER_TARGETS:
-        return None
-    return registry.lookup(node.target, platform)
+    return registry.lookup(op, platform)
 
 
 def _fetch_attr(gm: torch.fx.GraphModule, target: str):

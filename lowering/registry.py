@@ -28,6 +28,8 @@ RULE_MODULES = (
     "fft",
     "special",
     "nn",
+    "resample",
+    "statistics",
     "random",
     "creation",
 )

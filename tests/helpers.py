@@ -38,6 +38,46 @@ def check_against_eager(fn: Callable, *args, rtol=None, atol=None, options=None)
     return actual
 
 
+def check_many_against_eager(fns: dict[str, Callable], *args, tolerance=None, options=None):
+    """Compile every fn of `fns` into one graph (one compile for many ops) and compare each
+    result with eager; a mismatch names the fn. `tolerance(name, dtype)` → {"rtol", "atol"}.
+    """
+    if not fns:
+        return
+    names = sorted(fns)
+
+    def graph(*xs):
+        return tuple(fns[name](*xs) for name in names)
+
+    from torch.utils import _pytree as pytree
+
+    results = graph(*args)
+    labels, expected = [], []
+    for name, result in zip(names, results):
+        leaves = pytree.tree_leaves(result)
+        labels += [name] if len(leaves) == 1 else [f"{name}[{i}]" for i in range(len(leaves))]
+        expected += leaves
+    actual = compile_aten(graph, args, options)(*args)
+    actual = actual if isinstance(actual, tuple) else (actual,)
+    assert len(actual) == len(expected), (len(actual), len(expected))
+    for name, got, want in zip(labels, actual, expected):
+        tol = tolerance(name.split("[")[0], want.dtype) if tolerance else {}
+        try:
+            assert_same(got, want, **tol)
+        except AssertionError as e:
+            shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+            raise AssertionError(f"{name} on inputs of shapes {shapes}: {e}") from None
+
+
+def eager_accepts(fn: Callable, *args) -> bool:
+    """Whether eager torch implements `fn` for these arguments (their dtypes, mostly)."""
+    try:
+        fn(*args)
+    except (RuntimeError, TypeError, NotImplementedError, ZeroDivisionError):
+        return False
+    return True
+
+
 def grads_of(model: torch.nn.Module, loss: torch.Tensor) -> dict[str, torch.Tensor]:
     """Backpropagate `loss` and return a copy of every parameter's gradient, by name."""
     model.zero_grad(set_to_none=True)

@@ -38,13 +38,16 @@ def tpu_inductor(
 
         return compile_one
 
-    return aot_autograd(
-        fw_compiler=compiler("forward"),
-        bw_compiler=compiler("backward"),
-        inference_compiler=compiler("inference"),
-        decompositions=_decompositions(),
-        keep_inference_input_mutations=True,
-    )(gm, example_inputs)
+    # Effect tokens (of _linalg_check_errors, ...) made inside the graph, as Inductor has them,
+    # instead of graph inputs that AOTAutograd fills with None at run time.
+    with torch._functorch.config.patch(unlift_effect_tokens=True):
+        return aot_autograd(
+            fw_compiler=compiler("forward"),
+            bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"),
+            decompositions=_decompositions(),
+            keep_inference_input_mutations=True,
+        )(gm, example_inputs)
 
 
 @functools.cache

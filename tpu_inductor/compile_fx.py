@@ -73,9 +73,7 @@ def _compile_graph(gm, example_inputs, options: Options, static_inputs, kind: st
         if options.fallback != "torch-mlir":  # otherwise reported once torch-mlir had its turn
             _report_missing(missing, options)
             debug.fallback_ops(name, missing, device.lowering_platform, options)
-        from torch._functorch.aot_autograd import make_boxed_func
-
-        return make_boxed_func(_compile_partitioned(gm, options, device, name))
+        return _boxed_outputs_list(_compile_partitioned(gm, options, device, name))
     return _compile_region(gm, example_inputs, options, device, static_inputs, name)
 
 
@@ -172,6 +170,19 @@ def _lower_rest_with_torch_mlir(fused, options: Options, device, name: str):
         _report_missing(eager, options)
         debug.fallback_ops(name, eager, device.lowering_platform, options)
     return fused
+
+
+def _boxed_outputs_list(gm: torch.fx.GraphModule) -> Callable[[list], list]:
+    """A partitioned graph with the compiled-graph convention: a list in, a list out."""
+    returns_tuple = _returns_tuple(gm)
+
+    def run(args: list) -> list:
+        out = gm(*args)
+        args.clear()
+        return list(out) if returns_tuple else [out]
+
+    run._boxed_call = True
+    return run
 
 
 def _has_computation(nodes) -> bool:

@@ -15,7 +15,8 @@ from .exc import OptionError
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "device": ("auto", "tpu", "gpu", "cpu"),
-    "fallback": ("eager", "error"),
+    "fallback": ("eager", "error", "torch-mlir"),
+    "lowering": ("own", "torch-mlir"),
     "x64": ("keep", "narrow"),
 }
 
@@ -26,8 +27,11 @@ class Options:
 
     # PJRT platform to run on; "auto" picks the best present: tpu > gpu > cpu.
     device: str = "auto"
-    # What to do with ops that have no lowering: run them in eager torch ("eager") or raise.
+    # What to do with ops that have no lowering: run them in eager torch ("eager"), raise
+    # ("error"), or lower their regions with torch-mlir and run in eager what it cannot either.
     fallback: str = "eager"
+    # Frontend that lowers ATen graphs: our rules ("own") or torch-mlir's FX importer (optional).
+    lowering: str = "own"
     # 64-bit policy: "keep" computes int64/float64 as torch does; "narrow" lowers them to 32 bits.
     x64: str = "keep"
     # Keep parameters and buffers on the device between calls, re-sent when their version changes.

@@ -19,6 +19,10 @@ class LoweringError(TpuInductorError):
     """A lowering rule failed or produced a result that disagrees with the FX node's metadata."""
 
 
+class FrontendUnavailableError(TpuInductorError, ImportError):
+    """An optional lowering frontend (torch-mlir) was asked for but is not installed."""
+
+
 class RegistrationError(TpuInductorError):
     """A lowering rule was registered twice, or for something that is not an ATen op."""
 

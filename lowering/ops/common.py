@@ -10,8 +10,17 @@ from ..registry import register_lowering
 
 
 def cast(x, dtype):
-    """A jax array of `dtype` from an array or a Python scalar."""
-    return jnp.asarray(x, dtype=dtype) if not hasattr(x, "dtype") else x.astype(dtype)
+    """A jax array of `dtype` from an array or a Python scalar.
+
+    A Python int outside an integer dtype's range wraps around, as a 64-bit value does when
+    narrowed (x64="narrow") or as torch does for small integer dtypes.
+    """
+    if hasattr(x, "dtype"):
+        return x.astype(dtype)
+    if type(x) is int and jnp.issubdtype(dtype, jnp.integer):
+        info = jnp.iinfo(dtype)
+        x = (x - int(info.min)) % (int(info.max) - int(info.min) + 1) + int(info.min)
+    return jnp.asarray(x, dtype=dtype)
 
 
 def dim(d: int, rank: int) -> int:
@@ -32,14 +41,15 @@ def elementwise(*ops, compute: str = "auto"):
     """Register `fn(*arrays, **kwargs)` for `ops`, with torch's type promotion around it.
 
     Tensor and scalar arguments are cast to the op's computation dtype (the result dtype when
-    it is floating, else the promoted dtype; compute="promoted" forces the latter) and the
-    result to the node's dtype.
+    it is floating, else the promoted dtype; compute="promoted" forces the latter; float32 for
+    16-bit floats, as torch computes them) and the result to the node's dtype.
     """
 
     def decorate(fn: Callable) -> Callable:
         @register_lowering(*ops, needs_ctx=True)
         def rule(ctx, *args, **kwargs):
             dtype = ctx.promoted_dtype() if compute == "promoted" else ctx.compute_dtype()
+            dtype = accumulation_dtype(dtype)
             arrays = [cast(a, dtype) if _is_value(a) else a for a in args]
             return cast(fn(*arrays, **kwargs), ctx.out_dtype)
 

@@ -10,11 +10,24 @@ from jax import lax
 from torch._ops import ops
 
 from ..registry import register_lowering
-from .common import cast, elementwise
+from .common import accumulation_dtype, cast, elementwise
 
 aten = ops.aten
 
-# Unary ops whose torch and jax semantics agree: aten op → jax function.
+
+def _sign(x):
+    """torch.sign: bool stays bool, sign(nan) is 0."""
+    if x.dtype == jnp.bool_:
+        return x
+    sign = jnp.sign(x)
+    return (
+        jnp.where(jnp.isnan(x), jnp.zeros((), x.dtype), sign)
+        if jnp.issubdtype(x.dtype, jnp.inexact)
+        else sign
+    )
+
+
+# Unary ops: aten op → jax function with torch's semantics.
 _UNARY = {
     aten.abs: jnp.abs,
     aten.neg: jnp.negative,
@@ -44,13 +57,15 @@ _UNARY = {
     aten.erfc: jax.scipy.special.erfc,
     aten.erfinv: jax.scipy.special.erfinv,
     aten.lgamma: jax.scipy.special.gammaln,
-    aten.digamma: jax.scipy.special.digamma,
+    aten.digamma: lambda x: jnp.where(
+        x == 0, jnp.copysign(jnp.inf, -x), jax.scipy.special.digamma(x)
+    ),
     aten.ceil: jnp.ceil,
     aten.floor: jnp.floor,
     aten.trunc: jnp.trunc,
     aten.frac: lambda x: x - jnp.trunc(x),
-    aten.sign: jnp.sign,
-    aten.sgn: jnp.sign,
+    aten.sign: _sign,
+    aten.sgn: _sign,
     aten.reciprocal: jnp.reciprocal,
     aten.relu: lambda x: jnp.maximum(x, jnp.zeros((), x.dtype)),
     aten.logical_not: jnp.logical_not,
@@ -120,15 +135,22 @@ def rsub(a, b, *, alpha=1):
     return b - a * alpha if alpha != 1 else b - a
 
 
-@elementwise(aten.div)
-def div(a, b, *, rounding_mode=None):
+@elementwise(aten.div.Tensor, aten.div.Scalar)
+def div(a, b):
+    return a / b
+
+
+@register_lowering(aten.div.Tensor_mode, aten.div.Scalar_mode, needs_ctx=True)
+def div_mode(ctx, a, b, *, rounding_mode=None):
+    out = ctx.out_dtype
+    a, b = cast(a, accumulation_dtype(out)), cast(b, accumulation_dtype(out))
     if rounding_mode is None:
-        return a / b
+        return (a / b).astype(out)
     if rounding_mode == "floor":
-        return jnp.floor_divide(a, b)
-    if jnp.issubdtype(a.dtype, jnp.integer):  # "trunc" on integers: C division
-        return lax.div(a, b)
-    return jnp.trunc(a / b)
+        return jnp.floor_divide(a, b).astype(out)
+    if jnp.issubdtype(out, jnp.integer):  # "trunc" on integers: C division
+        return lax.div(*jnp.broadcast_arrays(a, b))
+    return jnp.trunc((a / b).astype(out))  # torch truncates the quotient rounded to its dtype
 
 
 @elementwise(aten.floor_divide)
@@ -148,7 +170,13 @@ def fmod(a, b):
 
 @elementwise(aten.pow)
 def pow_(a, b):
-    return jnp.power(a, b)
+    if not jnp.issubdtype(a.dtype, jnp.integer):
+        return jnp.power(a, b)
+    # torch: an integer to a negative power is 1/a truncated (0 unless a is 1 or -1).
+    negative = b < 0
+    powered = jnp.power(a, jnp.where(negative, jnp.zeros((), b.dtype), b))
+    inverse = jnp.where(jnp.abs(a) == 1, jnp.where(b % 2 == 0, jnp.ones((), a.dtype), a), 0)
+    return jnp.where(negative, inverse.astype(a.dtype), powered)
 
 
 @elementwise(aten.round.default)

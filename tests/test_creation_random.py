@@ -1,0 +1,88 @@
+"""Creation rules against eager torch, and random rules by their statistics.
+
+Random numbers come from jax.random keyed from torch's generator, so they are not bitwise
+eager's: the checks are moments (mean/var within a tolerance for n samples), that successive
+calls differ, and that torch.manual_seed makes a run repeat.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers import check_against_eager, compile_aten
+
+CREATION_CASES = {
+    "zeros": lambda x: torch.zeros(2, 3) + x,
+    "ones_int": lambda x: torch.ones(2, 3, dtype=torch.int64),
+    "full": lambda x: torch.full((2, 3), 2.5) * x,
+    "full_bool": lambda x: torch.full((3,), True),
+    "full_like": lambda x: torch.full_like(x, 7),
+    "zeros_like_int": lambda x: torch.zeros_like(x, dtype=torch.int64),
+    "ones_like_0d": lambda x: torch.ones_like(x[0, 0]),
+    "new_zeros": lambda x: x.new_zeros(4),
+    "new_ones": lambda x: x.new_ones((2, 2), dtype=torch.bfloat16),
+    "new_full": lambda x: x.new_full((3,), -1.5),
+    "empty_shape": lambda x: torch.empty(2, 0).shape[0] + x,
+    "arange": lambda x: torch.arange(5),
+    "arange_start_step": lambda x: torch.arange(2, 11, 3),
+    "arange_float": lambda x: torch.arange(0.5, 2.0, 0.25),
+    "arange_neg_step": lambda x: torch.arange(5, -3, -2),
+    "scalar_tensor": lambda x: torch.scalar_tensor(3.5) + x,
+    "fill": lambda x: torch.fill(x, 4.0),
+    "zero": lambda x: torch.ops.aten.zero(x),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CREATION_CASES))
+def test_creation(name):
+    check_against_eager(CREATION_CASES[name], torch.randn(2, 3))
+
+
+N = 40_000
+# (op, mean, variance) of each sampler, on N draws; moments must be within ~6 standard errors.
+SAMPLERS = {
+    "rand": (lambda x: torch.rand(N), 0.5, 1 / 12),
+    "rand_like_bf16": (lambda x: torch.rand_like(x, dtype=torch.bfloat16), 0.5, 1 / 12),
+    "randn": (lambda x: torch.randn(N), 0.0, 1.0),
+    "randn_like": (lambda x: torch.randn_like(x), 0.0, 1.0),
+    "bernoulli_p": (lambda x: torch.bernoulli(torch.full_like(x, 0.3)), 0.3, 0.21),
+    "bernoulli_scalar_p": (lambda x: torch.bernoulli(x, 0.8), 0.8, 0.16),
+    "randint": (lambda x: torch.randint(3, 9, (N,)).float(), 5.5, (6**2 - 1) / 12),
+    "dropout": (lambda x: torch.ops.aten.native_dropout(x + 1, 0.25, True)[0], 1.0, 1 / 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_random_statistics(name):
+    fn, mean, var = SAMPLERS[name]
+    x = torch.zeros(N)
+    compiled = compile_aten(fn, (x,))
+    first, second, eager = compiled(x), compiled(x), fn(x)
+    assert (first.shape, first.dtype) == (eager.shape, eager.dtype)
+    first = first.float()
+    assert abs(first.mean().item() - mean) < 6 * (var / N) ** 0.5, (first.mean(), mean)
+    assert abs(first.var().item() - var) < 12 * var * (2 / N) ** 0.5, (first.var(), var)
+    assert not torch.equal(first, second.float()), "successive calls drew the same numbers"
+
+
+def test_dropout_keeps_what_it_scales():
+    x = torch.randn(1000)
+    out, mask = compile_aten(lambda x: torch.ops.aten.native_dropout(x, 0.4, True), (x,))(x)
+    assert mask.dtype == torch.bool and 0.5 < mask.float().mean() < 0.7
+    torch.testing.assert_close(out, torch.where(mask, x / 0.6, torch.zeros(())))
+    check_against_eager(lambda x: torch.ops.aten.native_dropout(x, 0.4, False), x)
+
+
+def test_manual_seed_repeats():
+    x = torch.zeros(64)
+    compiled = compile_aten(lambda x: (torch.rand_like(x), torch.randn(8)), (x,))
+    torch.manual_seed(123)
+    first = compiled(x)
+    torch.manual_seed(123)
+    again = compiled(x)
+    torch.manual_seed(124)
+    other = compiled(x)
+    torch.testing.assert_close(first, again, rtol=0, atol=0)
+    assert not torch.equal(first[0], other[0])
+    assert not torch.equal(first[0][:8], first[1]), "two random nodes drew the same stream"

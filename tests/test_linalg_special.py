@@ -1,0 +1,206 @@
+"""Linear algebra, FFT and special-function rules against eager torch (float32).
+
+Each group compiles many ops into one graph (one compile per group). Factorization outputs
+that OpInfo never sees (LU, pivots, info) are compared too, including `info` on singular and
+non-positive-definite inputs, and the decompositions we leave to eager (SVD and eigenvector
+signs differ between LAPACKs) are checked to stay unlowered.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers import check_against_eager, check_many_against_eager, compile_aten
+from tpu_inductor.exc import UnsupportedOpError
+
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+LOWERED = {"fallback": "error"}  # every op must be lowered by our rules, none run in eager
+LA = torch.linalg
+
+
+def _tol(name, dtype):
+    return {"rtol": 1e-4, "atol": 1e-4} if dtype.is_floating_point or dtype.is_complex else {}
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_norms_and_distances():
+    g = _gen()
+    x, y = torch.randn(4, 5, generator=g), torch.randn(4, 5, generator=g)
+    b1, b2 = torch.randn(3, 4, 2, generator=g), torch.randn(3, 2, 5, generator=g)
+    fns = {f"vector_norm_{o}": (lambda x, y, b1, b2, o=o: LA.vector_norm(x, o, dim=1))
+           for o in (2, 1, 0, 3, 0.5, float("inf"), float("-inf"))}  # fmt: skip
+    fns |= {
+        "vector_norm_all_keepdim": lambda x, y, b1, b2: LA.vector_norm(x, 2, None, True),
+        "matrix_norm_fro": lambda x, y, b1, b2: LA.matrix_norm(x),
+        "dist_3": lambda x, y, b1, b2: torch.dist(x, y, 3),
+        "cdist_1": lambda x, y, b1, b2: torch.cdist(x, y, p=1),
+        "cdist_2": lambda x, y, b1, b2: torch.cdist(x, y),
+        "pdist": lambda x, y, b1, b2: torch.nn.functional.pdist(x),
+        "normalize": lambda x, y, b1, b2: torch.nn.functional.normalize(x),
+        "addbmm": lambda x, y, b1, b2: torch.addbmm(x, b1, b2, beta=0.5, alpha=2),
+    }
+    check_many_against_eager(fns, x, y, b1, b2, tolerance=_tol, options=LOWERED)
+
+
+def test_cdist_matrix_product_form():
+    g = _gen(1)
+    x1, x2 = torch.randn(2, 30, 3, generator=g), torch.randn(2, 27, 3, generator=g)
+    x2[:, 0] = x1[:, 0]  # a zero distance: the clamp in torch's expansion must match
+    cdist = torch.ops.aten._cdist_forward.default  # what AOTAutograd's decompositions leave
+    check_against_eager(lambda a, b: cdist(a, b, 2.0, None), x1, x2, **TOL, options=LOWERED)
+    check_against_eager(lambda a, b: cdist(a, b, 2.0, 2), x1, x2, **TOL, options=LOWERED)
+
+
+def _well_conditioned(g, *shape):
+    n = shape[-1]
+    return torch.randn(*shape, generator=g) + n * torch.eye(n)
+
+
+def test_lu_family():
+    g = _gen(2)
+    a = torch.randn(2, 4, 4, generator=g)
+    b, v = torch.randn(2, 4, 3, generator=g), torch.randn(2, 4, generator=g)
+    fns = {
+        "det": lambda a, b, v: LA.det(a),
+        "slogdet": lambda a, b, v: LA.slogdet(a),
+        "inv_ex": lambda a, b, v: LA.inv_ex(a),
+        "solve": lambda a, b, v: LA.solve(a, b),
+        "solve_vector": lambda a, b, v: LA.solve(a, v),
+        "solve_right": lambda a, b, v: LA.solve(a, b.mT, left=False),
+        "solve_ex_all": lambda a, b, v: torch.ops.aten._linalg_solve_ex(a, b),
+        "lu_factor_ex": lambda a, b, v: LA.lu_factor_ex(a),
+        "lu": lambda a, b, v: LA.lu(a),
+        "lu_unpack": lambda a, b, v: torch.lu_unpack(*LA.lu_factor(a)),
+        "lu_solve": lambda a, b, v: LA.lu_solve(*LA.lu_factor(a), b),
+        "lu_solve_adjoint": lambda a, b, v: LA.lu_solve(*LA.lu_factor(a), b, adjoint=True),
+        "lu_solve_right": lambda a, b, v: LA.lu_solve(*LA.lu_factor(a), b.mT, left=False),
+        "lu_solve_right_adj": lambda a, b, v: LA.lu_solve(
+            *LA.lu_factor(a), b.mT, left=False, adjoint=True
+        ),
+        "solve_triangular": lambda a, b, v: LA.solve_triangular(a.triu(), b, upper=True),
+        "solve_triangular_right": lambda a, b, v: LA.solve_triangular(
+            a.tril(), b.mT, upper=False, left=False, unitriangular=True
+        ),
+        "triangular_solve": lambda a, b, v: torch.triangular_solve(b, a, transpose=True),
+    }
+    check_many_against_eager(fns, a, b, v, tolerance=_tol, options=LOWERED)
+
+
+def test_lu_of_rectangular_and_singular_matrices():
+    g = _gen(3)
+    singular = torch.randn(3, 3, generator=g)
+    singular[:, 2] = 0  # getrf reports info = 3
+    wide = torch.randn(2, 3, 5, generator=g)
+    check_against_eager(lambda a: LA.lu_factor_ex(a), singular, **TOL, options=LOWERED)
+    check_against_eager(lambda a: (*LA.lu_factor_ex(a), *LA.lu(a)), wide, **TOL, options=LOWERED)
+
+
+def _spd(g, *shape):
+    m = torch.randn(*shape, generator=g)
+    return m @ m.mT + shape[-1] * torch.eye(shape[-1])
+
+
+def test_cholesky_family_and_unique_decompositions():
+    g = _gen(4)
+    a, b = _spd(g, 2, 4, 4), torch.randn(2, 4, 2, generator=g)
+    a[..., 0, 3] += 0.5  # not symmetric: each rule must read the triangle torch reads
+    tall, tau = torch.randn(5, 3, generator=g), torch.rand(3, generator=g)
+    fns = {
+        "cholesky_ex": lambda a, b, t, tau: LA.cholesky_ex(a),
+        "cholesky_ex_upper": lambda a, b, t, tau: LA.cholesky_ex(a, upper=True),
+        "cholesky_upper": lambda a, b, t, tau: torch.cholesky(a, upper=True),
+        "cholesky_inverse": lambda a, b, t, tau: torch.cholesky_inverse(LA.cholesky(a)),
+        "cholesky_inverse_upper": lambda a, b, t, tau: torch.cholesky_inverse(
+            LA.cholesky(a, upper=True), upper=True
+        ),
+        "cholesky_solve": lambda a, b, t, tau: torch.cholesky_solve(b, LA.cholesky(a)),
+        "pinv": lambda a, b, t, tau: LA.pinv(t),
+        "pinv_atol": lambda a, b, t, tau: LA.pinv(t, atol=0.5),
+        "pinv_hermitian": lambda a, b, t, tau: LA.pinv(a.tril() + a.tril(-1).mT, hermitian=True),
+        "householder_product": lambda a, b, t, tau: LA.householder_product(t, tau),
+        "qr": lambda a, b, t, tau: LA.qr(t),
+        "qr_complete": lambda a, b, t, tau: LA.qr(t, mode="complete"),
+        "qr_r": lambda a, b, t, tau: LA.qr(t, mode="r")[1],
+        "svdvals": lambda a, b, t, tau: LA.svdvals(t),
+        "eigvalsh": lambda a, b, t, tau: LA.eigvalsh(a),
+        "eigvalsh_upper": lambda a, b, t, tau: LA.eigvalsh(a, UPLO="U"),
+        "matrix_rank": lambda a, b, t, tau: LA.matrix_rank(t),
+        "nuclear_norm": lambda a, b, t, tau: LA.matrix_norm(t, "nuc"),
+    }
+    check_many_against_eager(fns, a, b, tall, tau, tolerance=_tol, options=LOWERED)
+
+
+def test_cholesky_info_names_the_failing_minor():
+    a = torch.eye(4)
+    a[2, 2] = -1.0  # leading minors of order 1 and 2 are positive-definite, order 3 is not
+    batch = torch.stack([torch.eye(4), a])
+    check_against_eager(lambda m: LA.cholesky_ex(m).info, batch, options=LOWERED)
+    check_against_eager(lambda m: LA.cholesky_ex(m, upper=True).info, batch, options=LOWERED)
+
+
+def test_sign_ambiguous_factors_stay_in_eager():
+    a = torch.randn(4, 4, generator=_gen(5))
+    for fn in (LA.svd, LA.eigh, LA.eig):
+        with pytest.raises(UnsupportedOpError):
+            compile_aten(fn, (a,), {"fallback": "error"})
+
+
+def test_effectful_error_checks_compile_whole():
+    """torch.linalg.inv/solve/cholesky check `info` through an effectful op (effect tokens)."""
+    a, b = _spd(_gen(6), 3, 3), torch.randn(3, 2)
+
+    def fn(a, b):
+        return LA.inv(a), LA.solve(a, b), LA.cholesky(a)
+
+    compiled = torch.compile(fn, backend="tpu_inductor", options={"fallback": "error"})
+    torch.testing.assert_close(compiled(a, b), fn(a, b), **TOL)
+
+
+def test_fft():
+    g = _gen(7)
+    x = torch.randn(3, 8, 6, generator=g)
+    z = torch.randn(3, 8, 6, dtype=torch.complex64, generator=g)
+    fft = torch.fft
+    fns = {
+        "fft": lambda x, z: fft.fft(x),
+        "fft_ortho_n": lambda x, z: fft.fft(z, n=5, dim=1, norm="ortho"),
+        "ifft": lambda x, z: fft.ifft(z),
+        "ifft_forward": lambda x, z: fft.ifft(z, norm="forward"),
+        "fft2": lambda x, z: fft.fft2(z),
+        "ifftn": lambda x, z: fft.ifftn(z, s=(4, 7), norm="ortho"),
+        "rfft": lambda x, z: fft.rfft(x),
+        "rfftn": lambda x, z: fft.rfftn(x, norm="forward"),
+        "irfft": lambda x, z: fft.irfft(z),
+        "irfft_odd": lambda x, z: fft.irfft(z, n=9, norm="ortho"),
+        "irfftn": lambda x, z: fft.irfftn(z, s=(8, 10)),
+        "hfft": lambda x, z: fft.hfft(z),
+        "ihfft": lambda x, z: fft.ihfft(x),
+        "ihfft2": lambda x, z: fft.ihfft2(x),
+    }
+    check_many_against_eager(fns, x, z, tolerance=_tol, options=LOWERED)
+
+
+def test_special_functions():
+    x = torch.tensor([-8.5, -3.3, -2.0, -0.5, 0.0, 0.3, 1.7, 5.0, 8.9, 30.0])
+    q = torch.tensor([0.5, 1.0, 2.5, 3.0, 4.0, 2.0, 1.1, 7.0, 0.2, 12.0])
+    sp = torch.special
+    fns = {f"polygamma_{n}": (lambda x, q, n=n: torch.polygamma(n, x)) for n in range(5)}
+    fns |= {
+        "zeta": lambda x, q: sp.zeta(q + 1, x),
+        "zeta_scalar": lambda x, q: sp.zeta(3.0, x),
+        "igamma": lambda x, q: torch.igamma(q, x.abs()),
+        "igammac": lambda x, q: torch.igammac(q, x.abs()),
+        "erfcx": lambda x, q: sp.erfcx(x),
+        "ndtri": lambda x, q: sp.ndtri(q / 13),
+        "i0e": lambda x, q: sp.i0e(x),
+        "i1": lambda x, q: sp.i1(x / 4),
+        "i1e": lambda x, q: sp.i1e(x),
+        "modified_bessel_i0": lambda x, q: sp.modified_bessel_i0(x / 4),
+        "modified_bessel_i1": lambda x, q: sp.modified_bessel_i1(x / 4),
+        "spherical_bessel_j0": lambda x, q: sp.spherical_bessel_j0(x),
+    }
+    check_many_against_eager(fns, x, q, tolerance=_tol, options=LOWERED)

@@ -1,0 +1,209 @@
+"""Pointwise rules against eager torch: properties over shapes (0-d, size 1, broadcasting),
+dtypes (float32, bfloat16, int64, bool) and scalar operands, plus edge values per unary op.
+
+An op is checked on every dtype eager torch accepts it for (`_accepts`); the property
+tests compile all ops of a family into one graph so that a random shape costs one compile.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import array_shapes, mutually_broadcastable_shapes
+
+from tests.helpers import check_many_against_eager, eager_accepts
+
+DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool)
+
+# Tolerances: (rtol, atol) per dtype, then per (op, dtype) where an op needs more.
+TOLERANCES = {torch.float32: (1.3e-6, 1e-5), torch.bfloat16: (1.6e-2, 1e-2)}
+OP_TOLERANCES = {
+    ("lgamma", torch.float32): (1e-5, 1e-4),
+    ("digamma", torch.float32): (1e-5, 1e-4),
+    ("erfinv", torch.float32): (1e-5, 1e-5),
+    ("tan", torch.float32): (1e-5, 1e-5),
+    ("cosh", torch.float32): (3e-6, 1e-5),
+    ("sinh", torch.float32): (3e-6, 1e-5),
+    ("pow", torch.float32): (1e-5, 1e-5),
+    ("lgamma", torch.bfloat16): (3e-2, 3e-2),
+    ("digamma", torch.bfloat16): (3e-2, 3e-2),
+    ("tan", torch.bfloat16): (3e-2, 3e-2),
+    # eager CPU rounds alpha * b to bfloat16 before adding; we round once (as torch on GPU).
+    ("add_alpha", torch.bfloat16): (1.6e-2, 6.3e-2),
+    ("sub_alpha", torch.bfloat16): (1.6e-2, 6.3e-2),
+}
+
+UNARY = {
+    name: getattr(torch, name)
+    for name in (
+        "abs neg exp exp2 expm1 log log2 log10 log1p sqrt rsqrt sin cos tan asin acos atan sinh "
+        "cosh tanh asinh acosh atanh sigmoid erf erfc erfinv lgamma digamma ceil floor trunc frac "
+        "sign sgn reciprocal relu logical_not bitwise_not isnan isinf isfinite signbit square "
+        "positive i0 round"
+    ).split()
+}
+UNARY |= {
+    "silu": torch.nn.functional.silu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": functools.partial(torch.nn.functional.gelu, approximate="tanh"),
+    "round_2": functools.partial(torch.round, decimals=2),
+    "hardtanh": torch.nn.functional.hardtanh,
+    "leaky_relu": torch.nn.functional.leaky_relu,
+    "elu": torch.nn.functional.elu,
+    "softplus": torch.nn.functional.softplus,
+    "hardsigmoid": torch.nn.functional.hardsigmoid,
+    "hardswish": torch.nn.functional.hardswish,
+    "mish": torch.nn.functional.mish,
+}
+
+BINARY = {
+    name: getattr(torch, name)
+    for name in (
+        "add sub mul div rsub atan2 maximum minimum fmax fmin hypot copysign nextafter "
+        "logical_and logical_or logical_xor bitwise_and bitwise_or bitwise_xor remainder fmod "
+        "floor_divide pow xlogy"
+    ).split()
+}
+BINARY |= {
+    "add_alpha": functools.partial(torch.add, alpha=2),
+    "sub_alpha": functools.partial(torch.sub, alpha=3),
+    "div_floor": functools.partial(torch.div, rounding_mode="floor"),
+    "div_trunc": functools.partial(torch.div, rounding_mode="trunc"),
+}
+COMPARE = {name: getattr(torch, name) for name in ("eq", "ne", "lt", "le", "gt", "ge")}
+# Ops whose second operand must be nonzero (integer division by zero raises in torch).
+DIVIDES = {"div", "div_floor", "div_trunc", "remainder", "fmod", "floor_divide"}
+
+EDGE_VALUES = [0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 3.7, 1e-30, 1e30, 88.0, float("inf")]
+EDGE_VALUES += [float("-inf"), float("nan"), 0.999, -0.999, 2.0, -7.0]
+# Ops checked at finite edge values only, with the reason.
+FINITE_ONLY = {
+    "gelu": "eager's CPU kernel returns nan at +inf (0 * inf inside); ours returns the limit",
+}
+
+
+# Few examples (each compiles a graph), no shrinking (each shrink step compiles again).
+PROPERTY = settings(max_examples=12, deadline=None, phases=(Phase.explicit, Phase.generate))
+
+
+def _tol(name: str, dtype: torch.dtype) -> dict:
+    rtol, atol = OP_TOLERANCES.get((name, dtype), TOLERANCES.get(dtype, (0, 0)))
+    return {"rtol": rtol, "atol": atol}
+
+
+def _values(shape, dtype, seed: int, nonzero: bool = False) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        x = torch.rand(shape, generator=gen) > 0.5
+        return x | True if nonzero else x
+    if dtype.is_floating_point:
+        x = torch.randn(shape, generator=gen) * 3
+    else:
+        x = torch.randint(-20, 20, shape, generator=gen)
+    x = x.to(dtype)
+    return torch.where(x == 0, torch.ones((), dtype=dtype), x) if nonzero else x
+
+
+@functools.cache
+def _accepts(table: str, name: str, *dtypes: torch.dtype) -> bool:
+    """Whether eager torch implements the op for these operand dtypes."""
+    fn = {"unary": UNARY, "binary": BINARY, "compare": COMPARE}[table][name]
+    return eager_accepts(fn, *[torch.ones(2, dtype=d) for d in dtypes])
+
+
+def test_unary_edge_values():
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.tensor(EDGE_VALUES, dtype=dtype)
+        fns = {
+            n: _finite_only(f) if n in FINITE_ONLY else f
+            for n, f in UNARY.items()
+            if _accepts("unary", n, dtype)
+        }
+        check_many_against_eager(fns, x, tolerance=_tol)
+
+
+def _finite_only(fn):
+    return lambda x: fn(torch.where(x.isinf(), torch.zeros((), dtype=x.dtype), x))
+
+
+@PROPERTY
+@given(
+    shape=array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**16),
+)
+def test_unary(shape, dtype, seed):
+    fns = {n: f for n, f in UNARY.items() if _accepts("unary", n, dtype)}
+    check_many_against_eager(fns, _values(shape, dtype, seed), tolerance=_tol)
+
+
+@PROPERTY
+@given(
+    shapes=mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3, max_side=4),
+    dtypes=st.tuples(st.sampled_from(DTYPES), st.sampled_from(DTYPES)),
+    seed=st.integers(0, 2**16),
+)
+def test_binary_broadcast_and_promotion(shapes, dtypes, seed):
+    """Tensor ⊕ tensor with broadcasting and torch's type promotion (int × float, bf16 × f32)."""
+    a = _values(shapes.input_shapes[0], dtypes[0], seed)
+    b = _values(shapes.input_shapes[1], dtypes[1], seed + 1, nonzero=True)
+    fns = {n: f for n, f in BINARY.items() if _accepts("binary", n, *dtypes)}
+    fns |= {f"cmp_{n}": f for n, f in COMPARE.items() if _accepts("compare", n, *dtypes)}
+    check_many_against_eager(fns, a, b, tolerance=_tol)
+
+
+@PROPERTY
+@given(
+    shape=array_shapes(min_dims=0, max_dims=3, max_side=4),
+    dtype=st.sampled_from(DTYPES),
+    scalar=st.sampled_from([2, -3, 0.5, -1.25, True]),
+    seed=st.integers(0, 2**16),
+)
+def test_scalar_operands(shape, dtype, scalar, seed):
+    """Python scalars on either side: an int or float scalar promotes only across categories."""
+    x = _values(shape, dtype, seed)
+    fns = {
+        f"{n}{side}": (lambda x, f=f: f(x, scalar))
+        if side == "_r"
+        else (lambda x, f=f: f(scalar, x))
+        for n, f in BINARY.items()
+        for side in ("_r", "_l")
+        if n not in ("rsub", "nextafter", "xlogy")
+    }
+    fns |= {f"cmp_{n}": (lambda x, f=f: f(x, scalar)) for n, f in COMPARE.items()}
+    fns = {n: f for n, f in fns.items() if eager_accepts(f, x) and not _divides_by_zero(n, x)}
+    if dtype == torch.bool and scalar is True:  # eager says bool, torch's meta kernel int64
+        fns.pop("pow_r", None)
+    check_many_against_eager(fns, x, tolerance=_tol)
+
+
+def _divides_by_zero(name: str, x: torch.Tensor) -> bool:
+    """Integer division of a scalar by x (integer) is undefined where x is zero."""
+    return name.removesuffix("_l") in DIVIDES and name.endswith("_l") and not x.is_floating_point()
+
+
+@PROPERTY
+@given(
+    shapes=mutually_broadcastable_shapes(num_shapes=3, min_dims=0, max_dims=3, max_side=4),
+    dtype=st.sampled_from((torch.float32, torch.bfloat16, torch.int64)),
+    seed=st.integers(0, 2**16),
+)
+def test_where_and_clamp(shapes, dtype, seed):
+    c_shape, a_shape, b_shape = shapes.input_shapes
+    cond = _values(c_shape, torch.bool, seed)
+    a, b = _values(a_shape, dtype, seed + 1), _values(b_shape, torch.float32, seed + 2)
+    lo, hi = _values(b_shape, dtype, seed + 3), _values(b_shape, dtype, seed + 4) + 5
+    fns = {
+        "where": lambda c, a, b, lo, hi: torch.where(c, a, b),
+        "where_scalar": lambda c, a, b, lo, hi: torch.where(c, a, 2),
+        "where_scalars": lambda c, a, b, lo, hi: torch.where(c, 1.5, -1),
+        "clamp": lambda c, a, b, lo, hi: torch.clamp(a, -2, 3),
+        "clamp_float_bounds": lambda c, a, b, lo, hi: torch.clamp(a, min=-1.5),
+        "clamp_tensors": lambda c, a, b, lo, hi: torch.clamp(a, lo, hi),
+        "clamp_min": lambda c, a, b, lo, hi: torch.clamp_min(a, lo),
+        "clamp_max": lambda c, a, b, lo, hi: torch.clamp_max(a, 1),
+    }
+    check_many_against_eager(fns, cond, a, b, lo, hi, tolerance=_tol)

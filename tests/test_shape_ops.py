@@ -1,0 +1,94 @@
+"""Shape/view rules and matrix products against eager torch, as parametrized cases.
+
+Matrix products live here too (no file of their own yet): mm, bmm, addmm, baddbmm, matmul,
+in float32 (HIGHEST precision, so exact to float32 rounding) and bfloat16.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers import check_against_eager
+
+torch.manual_seed(0)
+
+# (rtol, atol) per dtype for the matrix products.
+TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1.6e-2, 2e-2)}
+
+SHAPE_CASES = {
+    "view": (lambda x: x.view(4, -1), (2, 3, 4)),
+    "reshape_0d": (lambda x: x.reshape(1, 1), ()),
+    "reshape_empty": (lambda x: (x.reshape(-1), x.reshape(3, 0)), (0, 3)),
+    "permute": (lambda x: x.permute(2, 0, 1), (2, 3, 4)),
+    "transpose_neg": (lambda x: x.transpose(-1, 0), (2, 3, 4)),
+    "t": (lambda x: x.t(), (3, 4)),
+    "t_1d": (lambda x: x.t(), (3,)),
+    "expand": (lambda x: x.expand(2, -1, 3), (4, 1)),
+    "expand_0d": (lambda x: x.expand(3, 2), ()),
+    "squeeze": (lambda x: x.squeeze(), (1, 3, 1)),
+    "squeeze_dims": (lambda x: x.squeeze((0, 1)), (1, 3, 1)),
+    "squeeze_0d": (lambda x: x.squeeze(0), ()),
+    "unsqueeze_neg": (lambda x: x.unsqueeze(-1), (2, 3)),
+    "unsqueeze_0d": (lambda x: x.unsqueeze(0), ()),
+    "cat": (lambda x: torch.cat([x, x * 2, x[:, :1]], 1), (2, 3)),
+    "cat_empty": (lambda x: torch.cat([x, torch.zeros(0)], 0), (3,)),
+    "stack": (lambda x: torch.stack([x, x + 1], -1), (2, 3)),
+    "split": (lambda x: x.split(2, 1), (2, 5)),
+    "split_sizes": (lambda x: x.split([1, 3, 1], -1), (2, 5)),
+    "unbind": (lambda x: x.unbind(1), (2, 3)),
+    "slice_step": (lambda x: x[:, 1::2], (2, 7)),
+    "slice_neg": (lambda x: x[-3:-1], (5, 2)),
+    "slice_past_end": (lambda x: x[2:100], (5,)),
+    "select_neg": (lambda x: x[:, -1], (2, 3)),
+    "narrow": (lambda x: x.narrow(1, 1, 2), (2, 4)),
+    "diagonal": (lambda x: torch.diagonal(x, 1, 0, 1), (3, 4)),
+    "flip": (lambda x: x.flip(0, -1), (2, 3)),
+    "roll": (lambda x: x.roll(2, 1), (2, 5)),
+    "roll_flat": (lambda x: x.roll(3), (2, 5)),
+    "repeat": (lambda x: x.repeat(2, 1, 3), (2, 3)),
+    "pad": (lambda x: torch.nn.functional.pad(x, (1, 2, 0, 1), value=-1.0), (2, 3)),
+    "pad_negative": (lambda x: torch.nn.functional.pad(x, (-1, 1)), (2, 3)),
+    "tril": (lambda x: x.tril(-1), (3, 4)),
+    "triu": (lambda x: x.triu(1), (3, 4)),
+    "to_dtype": (lambda x: x.to(torch.int64), (2, 3)),
+    "to_bf16": (lambda x: x.to(torch.bfloat16), (2, 3)),
+    "slice_scatter": (lambda x: torch.slice_scatter(x, x[:, ::2] * 0 + 7, 1, 0, None, 2), (2, 5)),
+    "select_scatter": (lambda x: torch.select_scatter(x, x[0] + 1, 0, -1), (3, 2)),
+    "as_strided": (lambda x: x.as_strided((3, 2), (1, 3), 1), (3, 4)),
+    "view_dtype": (lambda x: x.view(torch.int32), (2, 3)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHAPE_CASES))
+def test_shape_op(name):
+    fn, shape = SHAPE_CASES[name]
+    check_against_eager(fn, torch.randn(shape))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int64, torch.bool])
+def test_shape_ops_keep_dtype(dtype):
+    x = (torch.randn(2, 3, 4) * 5).to(dtype)
+    check_against_eager(lambda x: (x.permute(1, 0, 2)[:, 1:].reshape(-1), torch.cat([x, x])), x)
+
+
+# Operands: a (2, 3, 4), b (2, 4, 5), c (5,).
+PRODUCTS = {
+    "mm": lambda a, b, c: a[0] @ b[0],
+    "bmm": lambda a, b, c: torch.bmm(a, b),
+    "matmul_broadcast": lambda a, b, c: a @ b[0],
+    "mv": lambda a, b, c: torch.mv(a[0], b[0, :, 0]),
+    "addmm": lambda a, b, c: torch.addmm(c, a[0], b[0]),
+    "addmm_scaled": lambda a, b, c: torch.addmm(c, a[1], b[1], beta=0.5, alpha=2),
+    "addmm_beta0": lambda a, b, c: torch.addmm(c, a[1], b[1], beta=0),
+    "baddbmm": lambda a, b, c: torch.baddbmm(c, a, b, alpha=0.5),
+    "linear": lambda a, b, c: torch.nn.functional.linear(a, b[0].t(), c),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(PRODUCTS))
+def test_matrix_product(name, dtype):
+    a, b, c = (torch.randn(s).to(dtype) for s in ((2, 3, 4), (2, 4, 5), (5,)))
+    rtol, atol = TOLERANCES[dtype]
+    check_against_eager(PRODUCTS[name], a, b, c, rtol=rtol, atol=atol)
