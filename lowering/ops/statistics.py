@@ -261,16 +261,29 @@ def batch_norm_with_update_functional(ctx, x, weight, bias, mean, var, momentum,
 
 @register_lowering(aten.frexp.Tensor, needs_ctx=True)
 def frexp(ctx, x):
-    """(mantissa in [0.5, 1), exponent) with subnormals exact (scaled into the normal range
-    first); 0, inf and NaN keep their value with exponent 0, as std::frexp."""
-    xf = x.astype(jnp.float32) if x.dtype != jnp.float64 else x
-    info = jnp.finfo(xf.dtype)
-    shift = info.nmant + 1
-    subnormal = (xf != 0) & (jnp.abs(xf) < info.tiny)
-    scaled = jnp.where(subnormal, xf * 2.0**shift, xf)
-    mantissa, exponent = jnp.frexp(scaled)
-    exponent = jnp.where(subnormal, exponent - shift, exponent)
-    return mantissa.astype(ctx.jax_dtype(ctx.out[0].dtype)), exponent.astype(jnp.int32)
+    """(mantissa in [0.5, 1), exponent), as std::frexp: 0, inf and NaN keep their value with
+    exponent 0. float32 and bfloat16 are decoded from their bits, so subnormals are exact even
+    where XLA flushes subnormal arithmetic to zero."""
+    mantissa_dtype = ctx.jax_dtype(ctx.out[0].dtype)
+    if x.dtype not in (jnp.float32, jnp.bfloat16):
+        mantissa, exponent = jnp.frexp(x)
+        return mantissa.astype(mantissa_dtype), exponent.astype(jnp.int32)
+    if x.dtype == jnp.bfloat16:
+        bits = lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32) << 16
+    else:
+        bits = lax.bitcast_convert_type(x, jnp.uint32)
+    sign, field, fraction = bits & jnp.uint32(0x80000000), (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    # a subnormal's leading 1 moves up to the implicit bit: `shift` places, exponent lower
+    shift = jnp.where(field == 0, lax.clz(fraction).astype(jnp.int32) - 8, 0)
+    fraction = jnp.where(field == 0, (fraction << shift.astype(jnp.uint32)) & 0x7FFFFF, fraction)
+    exponent = jnp.where(field == 0, -125, field.astype(jnp.int32) - 126) - shift
+    # 0, inf and NaN keep their bits; selecting on bits, not floats, keeps subnormals apart
+    zero = (field == 0) & (fraction == 0)
+    out_bits = jnp.where(zero, sign, sign | (126 << 23) | fraction)
+    out_bits = jnp.where(field == 0xFF, bits, out_bits)
+    mantissa = lax.bitcast_convert_type(out_bits, jnp.float32)
+    exponent = jnp.where(zero | (field == 0xFF), 0, exponent)
+    return mantissa.astype(mantissa_dtype), exponent.astype(jnp.int32)
 
 
 @register_lowering(aten.ldexp.Tensor, needs_ctx=True)
