@@ -47,7 +47,9 @@ def _ops(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tpu-inductor", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="tpu-inductor", description="tpu_inductor: compile PyTorch programs for PJRT devices."
+    )
     parser.add_argument("--version", action="version", version=f"tpu-inductor {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("devices", help="list the PJRT platforms and devices found").set_defaults(

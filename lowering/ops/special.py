@@ -1,9 +1,12 @@
-"""Special functions: polygamma, zeta, incomplete gamma, erfcx, ndtri, modified Bessel I0/I1.
+"""Special functions: polygamma, zeta, incomplete gamma, erfcx, ndtri, Bessel, Airy, and the
+orthogonal polynomials.
 
 Rules use jax.scipy.special where it matches torch (checked against eager in
 tests/test_linalg_special.py); where it does not (zeta and polygamma for negative arguments),
-torch's own algorithm is ported. Bessel J/Y/K, Airy and the orthogonal polynomials have no jax
-counterpart and are left to eager.
+torch's own algorithm is ported. Bessel J/Y, modified Bessel K, Airy Ai and the Chebyshev,
+Hermite, Laguerre and Legendre polynomials have no jax counterpart: they are ports of
+aten/src/ATen/native/Math.h, with its Cephes coefficients (cephes_tables.py), branch points and
+early returns, computed in the input dtype as torch does (tests/test_special_port.py).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import functools
 import math
 import operator
 
+import jax
 import jax.numpy as jnp
 import jax.scipy.special as jss
 from jax import lax
@@ -222,7 +226,7 @@ def _bessel_k(x, order, scaled):
     """torch's (scaled_)modified_bessel_k{0,1}_forward: Chebyshev series below and above 2."""
     a, b = (T.K0_A, T.K0_B) if order == 0 else (T.K1_A, T.K1_B)
     series = _chbevl(x * x - 2.0, a)
-    if order == 0:
+    if order == 0:  # (torch takes this log in double, a literal's slip; float32 agrees to 1e-6)
         small = series - jnp.log(0.5 * x) * jss.i0(x)
     else:
         small = jnp.log(0.5 * x) * jss.i1(x) + series / x
@@ -262,6 +266,7 @@ def airy_ai(x):
 
 
 def _airy_series(x):
+    """torch's Maclaurin series of Ai, each element summed until its own last term is below eps."""
     eps = jnp.finfo(x.dtype).eps
     one = jnp.ones_like(x)
 
@@ -379,7 +384,7 @@ def chebyshev(kind, x, n, shifted=False):
         top, bottom = (jnp.abs(x) == 1) & (x > 0), (jnp.abs(x) == 1) & ~(x > 0)
     at_top = {"t": 1.0, "u": n + 1.0, "v": 1.0, "w": n + n + 1.0}[kind]
     at_bottom = _signed({"t": 1.0, "u": n + 1.0, "v": n + n + 1.0, "w": 1.0}[kind], even)
-    theta = jnp.arccos(y.astype(jnp.float64)).astype(y.dtype)
+    theta = _arccos(y)
     if kind == "t":
         trig = jnp.cos(n * theta)
     elif kind == "u":
@@ -398,6 +403,14 @@ def chebyshev(kind, x, n, shifted=False):
     cases = [(~valid, 0.0), (top, at_top), (bottom, at_bottom), (use_trig, trig), (n == 0, 1.0),
              (n == 1, q)]  # fmt: skip
     return _polynomial(cases, lambda k, p, q: (y + y) * q - p, q, 2, n_int)
+
+
+def _arccos(y):
+    """acos rounded from float64 where x64 is on: within an ulp of libm's acosf, which torch
+    calls (jax's float32 arccos is off by up to two, and the trig forms multiply that by n).
+    """
+    wide = jax.dtypes.canonicalize_dtype(jnp.float64)
+    return jnp.arccos(y.astype(jnp.promote_types(y.dtype, wide))).astype(y.dtype)
 
 
 def _hermite_limit(dtype):
@@ -423,7 +436,10 @@ def hermite_he(x, n):
     x, n = jnp.broadcast_arrays(x, n)
     valid, n, n_int = _degree(n)
     cases = [(~valid, 0.0), (n == 0, 1.0), (n == 1, x), (n > _hermite_limit(x.dtype), jnp.nan)]
-    step = lambda k, p, q: x * q - k.astype(x.dtype) * p  # noqa: E731
+
+    def step(k, p, q):
+        return x * q - k.astype(x.dtype) * p
+
     return _polynomial(cases, step, x, 1, n_int - 1, stop_on_nan=False)
 
 

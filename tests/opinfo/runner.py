@@ -112,8 +112,12 @@ def _decompositions():
     return backend_decompositions()
 
 
-def run_entry(op, dtype: torch.dtype, samples: int = 3) -> Outcome:
-    """Outcome of one OpInfo entry at one dtype."""
+def run_entry(op, dtype: torch.dtype, samples: int = 3, baseline: str | None = None) -> Outcome:
+    """Outcome of one OpInfo entry at one dtype.
+
+    `baseline="inductor"` runs the same samples through torch.compile's default Inductor
+    instead (the reference the coverage target is measured against).
+    """
     from functorch.compile import aot_function
 
     from tpu_inductor.compile_fx import compile_graph
@@ -177,11 +181,17 @@ def run_entry(op, dtype: torch.dtype, samples: int = 3) -> Outcome:
         return compile_graph(gm, example_inputs, options)
 
     # The backend's own path minus Dynamo: AOTAutograd (functionalize + core ATen) → our compiler.
-    compiled = aot_function(
-        fn,
-        fw_compiler=compiler,
-        decompositions=_decompositions(),
-        keep_inference_input_mutations=True,
+    if baseline:
+        torch._dynamo.reset()  # a fresh Dynamo per entry: `fn` is one code object for all of them
+    compiled = (
+        torch.compile(fn, backend=baseline, fullgraph=False)
+        if baseline
+        else aot_function(
+            fn,
+            fw_compiler=compiler,
+            decompositions=_decompositions(),
+            keep_inference_input_mutations=True,
+        )
     )
     try:
         with torch.no_grad(), torch._functorch.config.patch(unlift_effect_tokens=True):
@@ -286,7 +296,7 @@ def _compare_metadata(actual, expected) -> Outcome:
     return Outcome("random", "values not comparable; shapes and dtypes match")
 
 
-def run_all(dtypes, samples: int, names=None, progress=None) -> dict:
+def run_all(dtypes, samples: int, names=None, progress=None, baseline=None) -> dict:
     """{(entry, dtype name): Outcome} over op_db (or the entries named)."""
     results = {}
     for op in op_db():
@@ -294,7 +304,7 @@ def run_all(dtypes, samples: int, names=None, progress=None) -> dict:
         if names and name not in names:
             continue
         for dtype_name in dtypes:
-            results[(name, dtype_name)] = run_entry(op, DTYPES[dtype_name], samples)
+            results[(name, dtype_name)] = run_entry(op, DTYPES[dtype_name], samples, baseline)
             if progress:
                 progress(name, dtype_name, results[(name, dtype_name)])
     return results
@@ -336,6 +346,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="comma-separated entry names")
     parser.add_argument("--out", default="opinfo-report.md")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--baseline", default=None, help="e.g. inductor: run that backend instead")
     parser.add_argument("--from-json", default=None, help="rebuild outputs from a --json run")
     parser.add_argument("--write-expected", action="store_true", help="rewrite expected.py")
     args = parser.parse_args(argv)
@@ -355,7 +366,8 @@ def main(argv=None) -> int:
             raw = json.load(f)
         results = {tuple(k.split("|")): Outcome(**v) for k, v in raw.items()}
     else:
-        results = run_all(dtypes, args.samples, set(filter(None, args.only.split(","))), progress)
+        names = set(filter(None, args.only.split(",")))
+        results = run_all(dtypes, args.samples, names, progress, args.baseline)
     if args.write_expected:
         path = __file__.replace("runner.py", "expected.py")
         with open(path, "w") as f:
