@@ -220,23 +220,24 @@ def test_mask_index_is_reported_unsupported():
         compile_aten(_boolean_mask_graph, (x, m), {"fallback": "error"})
 
 
-def test_data_dependent_ops_fall_back_through_torch_compile(monkeypatch):
+def test_data_dependent_ops_fall_back_through_torch_compile():
     """Dynamo keeps nonzero and x[mask] in the graph; they run in eager torch, the rest in ours."""
     import torch._dynamo
 
-    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
     x, m = _x(4, 5), torch.rand(4, 5) > 0.5
 
     def fn(x, m):
         selected = torch.sin(x[m]).sum() + torch.masked_select(x, m).sum()
         return selected + torch.nonzero(m).float().mean(0)
 
-    torch._dynamo.reset()
-    torch.testing.assert_close(torch.compile(fn, backend="tpu_inductor")(x, m), fn(x, m))
-    torch._dynamo.reset()
-    strict = torch.compile(fn, backend="tpu_inductor", options={"fallback": "error"})
-    with pytest.raises(Exception, match=r"nonzero|masked_select|index\.Tensor") as info:
-        strict(x, m)
-    # Dynamo wraps what the backend raised in BackendCompilerFailed.
-    assert isinstance(getattr(info.value, "inner_exception", info.value), UnsupportedOpError)
-    torch._dynamo.reset()
+    # config.patch, not monkeypatch: undoing a monkeypatch deletes the config attribute.
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(fn, backend="tpu_inductor")(x, m), fn(x, m))
+        torch._dynamo.reset()
+        strict = torch.compile(fn, backend="tpu_inductor", options={"fallback": "error"})
+        with pytest.raises(Exception, match=r"nonzero|masked_select|index\.Tensor") as info:
+            strict(x, m)
+        # Dynamo wraps what the backend raised in BackendCompilerFailed.
+        assert isinstance(getattr(info.value, "inner_exception", info.value), UnsupportedOpError)
+        torch._dynamo.reset()
