@@ -289,3 +289,35 @@ def test_cli_stats_ls_explain_clear(tmp_path, capsys):
     assert cli.main(["cache", "--dir", str(tmp_path), "clear"]) == 0
     assert "removed 2 entries" in capsys.readouterr().out
     assert not _entry_dirs(tmp_path)
+
+
+_LAPACK_CHILD = textwrap.dedent(
+    """
+    import json, sys, torch
+    from tpu_inductor import cache
+    a = torch.randn(5, 5, generator=torch.Generator().manual_seed(0))
+    spd = a @ a.mT + 5 * torch.eye(5)
+    f = torch.compile(torch.linalg.cholesky, backend="tpu_inductor",
+                      options={"cache_dir": sys.argv[1], "fallback": "error"})
+    torch.testing.assert_close(f(spd), torch.linalg.cholesky(spd))
+    print(json.dumps(dict(cache.counters)))
+    """
+)
+
+
+def test_cached_executable_with_lapack_calls_runs_in_a_fresh_process(tmp_path):
+    """A warm process skips lowering, which is where jax registers its LAPACK kernels: loading
+    an executable that calls them must register them first (it used to crash the process)."""
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", _LAPACK_CHILD, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        for _ in range(2)
+    ]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+    cold, warm = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
+    assert cold.get("disk_store", 0) >= 1 and warm.get("disk_hit", 0) >= 1, (cold, warm)

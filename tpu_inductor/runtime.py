@@ -86,6 +86,7 @@ def select_device(name: str = "auto") -> Device:
 
 def compile_stablehlo(module: bytes | str, device: Device):
     """PJRT-compile a StableHLO module (bytecode or text) for one device; returns the executable."""
+    _register_custom_calls(device)
     try:
         return device.client.compile_and_load(module, *_placement(device))
     except Exception as e:  # PJRT raises its own runtime error type
@@ -102,7 +103,21 @@ def deserialize_executable(data: bytes, device: Device):
 
     Loading runs code from `data` in this process: only pass bytes from a trusted place.
     """
+    _register_custom_calls(device)
     return device.client.deserialize_executable(data, *_placement(device))
+
+
+def _register_custom_calls(device: Device) -> None:
+    """Register jaxlib's custom-call kernels (LAPACK on CPU, cuSOLVER etc. on GPU) with PJRT.
+
+    jax registers them while lowering the ops that use them; an executable deserialized from
+    the cache, or compiled from StableHLO that this process did not lower, calls them too, and
+    an unregistered target crashes the process (as jax.export's deserialization also guards).
+    """
+    from jax._src.lax import linalg  # importing it registers the GPU targets
+
+    if device.platform == "cpu":
+        linalg.initialize_lapack()
 
 
 def _placement(device: Device):
