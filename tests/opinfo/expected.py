@@ -3,108 +3,40 @@
 """
 
 EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
-    "__getitem__": {
-        "bfloat16": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor([...], size=(2,)))",
-        ),
-        "float32": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor([...], size=(2,)))",
-        ),
-    },
-    "_batch_norm_with_update": {
-        "bfloat16": (
-            "unsupported",
-            "no lowering rule yet for aten._batch_norm_with_update_functional.default",
-        ),
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten._batch_norm_with_update_functional.default",
-        ),
-    },
     "_segment_reduce.lengths": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.segment_reduce.default"),
         "float32": ("unsupported", "no lowering rule yet for aten.segment_reduce.default"),
     },
     "_segment_reduce.offsets": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.segment_reduce.default"),
         "float32": ("unsupported", "no lowering rule yet for aten.segment_reduce.default"),
     },
     "_upsample_bilinear2d_aa": {
         "float32": ("unsupported", "no lowering rule yet for aten._upsample_bilinear2d_aa.default"),
     },
-    "addbmm": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.addbmm.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.addbmm.default"),
-    },
     "allclose": {
-        "bfloat16": (
-            "untraceable",
-            "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten.allclose.default",
-        ),
         "float32": (
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten.allclose.default",
         ),
     },
-    "angle": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.angle.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.angle.default"),
-    },
     "argwhere": {
-        "bfloat16": (
-            "untraceable",
-            "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DynamicOutputShapeException: aten.nonzero.default",
-        ),
         "float32": (
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DynamicOutputShapeException: aten.nonzero.default",
         ),
     },
     "as_strided.partial_views": {
-        "bfloat16": (
-            "eager_error",
-            "eager torch rejects the sample on this machine: RuntimeError: setStorage: sizes [2, 2], strides [1, 2], storage offset 10, and itemsize 2 requiring a storage size of 28 are out of bounds for storage of size 20",
-        ),
         "float32": (
             "eager_error",
             "eager torch rejects the sample on this machine: RuntimeError: setStorage: sizes [2, 2], strides [1, 2], storage offset 10, and itemsize 4 requiring a storage size of 56 are out of bounds for storage of size 40",
         ),
     },
     "as_strided_scatter": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.as_strided_scatter.default"),
         "float32": ("unsupported", "no lowering rule yet for aten.as_strided_scatter.default"),
     },
-    "bucketize": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.bucketize.Tensor"),
-        "float32": ("unsupported", "no lowering rule yet for aten.bucketize.Tensor"),
-    },
-    "cauchy": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.cauchy.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.cauchy.default"),
-    },
-    "cdist": {
-        "float32": ("unsupported", "no lowering rule yet for aten._cdist_forward.default"),
-    },
     "chalf": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten._to_copy.default"),
         "float32": ("unsupported", "no lowering rule yet for aten._to_copy.default"),
     },
-    "cholesky": {
-        "float32": ("unsupported", "no lowering rule yet for aten.cholesky.default"),
-    },
-    "cholesky_inverse": {
-        "float32": ("unsupported", "no lowering rule yet for aten.cholesky_inverse.default"),
-    },
-    "cholesky_solve": {
-        "float32": ("unsupported", "no lowering rule yet for aten.cholesky_solve.default"),
-    },
     "combinations": {
-        "bfloat16": (
-            "untraceable",
-            "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DynamicOutputShapeException: aten.masked_select.default",
-        ),
         "float32": (
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DynamicOutputShapeException: aten.masked_select.default",
@@ -114,168 +46,28 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
         "float32": ("unsupported", "no lowering rule yet for aten.complex.default"),
     },
     "corrcoef": {
-        "bfloat16": (
-            "untraceable",
-            "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten.equal.default",
-        ),
         "float32": (
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten.equal.default",
         ),
     },
     "cov": {
-        "bfloat16": (
-            "untraceable",
-            "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten.equal.default",
-        ),
         "float32": (
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten.equal.default",
         ),
-    },
-    "cummax": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.cummax.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.cummax.default"),
-    },
-    "cummin": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.cummin.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.cummin.default"),
-    },
-    "diagonal_scatter": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.diagonal_scatter.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.diagonal_scatter.default"),
-    },
-    "diff": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.copy.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.copy.default"),
-    },
-    "dist": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.dist.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.dist.default"),
-    },
-    "empty_like": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.empty_permuted.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.empty_permuted.default"),
-    },
-    "empty_permuted": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.empty_permuted.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.empty_permuted.default"),
     },
     "equal": {
-        "bfloat16": (
-            "untraceable",
-            "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten.equal.default",
-        ),
         "float32": (
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten.equal.default",
         ),
-    },
-    "exponential": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.exponential.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.exponential.default"),
-    },
-    "fft.fft": {
-        "float32": ("unsupported", "no lowering rule yet for aten._fft_r2c.default"),
-    },
-    "fft.fft2": {
-        "float32": ("unsupported", "no lowering rule yet for aten._fft_c2c.default"),
-    },
-    "fft.fftn": {
-        "float32": ("unsupported", "no lowering rule yet for aten._fft_c2c.default"),
-    },
-    "fft.hfft": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten._conj.default aten._fft_c2r.default",
-        ),
-    },
-    "fft.hfft2": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten._conj.default aten._fft_c2c.default aten._fft_c2r.default",
-        ),
-    },
-    "fft.hfftn": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten._conj.default aten._fft_c2c.default aten._fft_c2r.default",
-        ),
-    },
-    "fft.ifft": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten._conj.default aten._fft_r2c.default",
-        ),
-    },
-    "fft.ifft2": {
-        "float32": ("unsupported", "no lowering rule yet for aten._fft_c2c.default"),
-    },
-    "fft.ifftn": {
-        "float32": ("unsupported", "no lowering rule yet for aten._fft_c2c.default"),
-    },
-    "fft.ihfft": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten._conj.default aten._fft_r2c.default",
-        ),
-    },
-    "fft.ihfft2": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten._conj_physical.default aten._fft_c2c.default aten._fft_r2c.default",
-        ),
-    },
-    "fft.ihfftn": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten._conj.default aten._conj_physical.default aten._fft_c2c.default aten._fft_r2c.default",
-        ),
-    },
-    "fft.irfft": {
-        "float32": ("unsupported", "no lowering rule yet for aten._fft_c2r.default"),
-    },
-    "fft.irfft2": {
-        "float32": ("unsupported", "no lowering rule yet for aten._fft_c2r.default"),
-    },
-    "fft.irfftn": {
-        "float32": ("unsupported", "no lowering rule yet for aten._fft_c2r.default"),
-    },
-    "fft.rfft": {
-        "float32": ("unsupported", "no lowering rule yet for aten._fft_r2c.default"),
-    },
-    "fft.rfft2": {
-        "float32": ("unsupported", "no lowering rule yet for aten._fft_r2c.default"),
-    },
-    "fft.rfftn": {
-        "float32": ("unsupported", "no lowering rule yet for aten._fft_r2c.default"),
-    },
-    "frexp": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.frexp.Tensor"),
-        "float32": ("unsupported", "no lowering rule yet for aten.frexp.Tensor"),
-    },
-    "geometric": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.geometric.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.geometric.default"),
     },
     "geqrf": {
         "float32": ("unsupported", "no lowering rule yet for aten.geqrf.default"),
     },
-    "grid_sampler_2d": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.grid_sampler_2d.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.grid_sampler_2d.default"),
-    },
-    "grid_sampler_3d": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.grid_sampler_3d.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.grid_sampler_3d.default"),
-    },
     "hash_tensor": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.hash_tensor.default"),
         "float32": ("unsupported", "no lowering rule yet for aten.hash_tensor.default"),
-    },
-    "histc": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.histc.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.histc.default"),
     },
     "histogram": {
         "float32": (
@@ -289,116 +81,53 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
             "no lowering rule yet for aten._histogramdd_bin_edges.default aten._histogramdd_from_bin_cts.default aten._histogramdd_from_bin_tensors.default",
         ),
     },
-    "igamma": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.igamma.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.igamma.default"),
-    },
-    "igammac": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.igammac.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.igammac.default"),
-    },
     "index_reduce.amax": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.index_reduce.default"),
         "float32": ("unsupported", "no lowering rule yet for aten.index_reduce.default"),
     },
     "index_reduce.amin": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.index_reduce.default"),
         "float32": ("unsupported", "no lowering rule yet for aten.index_reduce.default"),
     },
     "index_reduce.mean": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.index_reduce.default"),
         "float32": ("unsupported", "no lowering rule yet for aten.index_reduce.default"),
     },
     "index_reduce.prod": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.index_reduce.default"),
         "float32": ("unsupported", "no lowering rule yet for aten.index_reduce.default"),
     },
-    "isin": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.searchsorted.Tensor"),
-        "float32": ("unsupported", "no lowering rule yet for aten.searchsorted.Tensor"),
-    },
     "item": {
-        "bfloat16": (
-            "untraceable",
-            "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten._local_scalar_dense.default",
-        ),
         "float32": (
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten._local_scalar_dense.default",
         ),
     },
     "jiterator_2inputs_2outputs": {
-        "bfloat16": (
-            "eager_error",
-            "eager torch rejects the sample on this machine: AssertionError: Jiterator is only supported on CUDA and ROCm GPUs, none are available.",
-        ),
         "float32": (
             "eager_error",
             "eager torch rejects the sample on this machine: AssertionError: Jiterator is only supported on CUDA and ROCm GPUs, none are available.",
         ),
     },
     "jiterator_4inputs_with_extra_args": {
-        "bfloat16": (
-            "eager_error",
-            "eager torch rejects the sample on this machine: AssertionError: Jiterator is only supported on CUDA and ROCm GPUs, none are available.",
-        ),
         "float32": (
             "eager_error",
             "eager torch rejects the sample on this machine: AssertionError: Jiterator is only supported on CUDA and ROCm GPUs, none are available.",
         ),
     },
     "jiterator_binary": {
-        "bfloat16": (
-            "eager_error",
-            "eager torch rejects the sample on this machine: AssertionError: Jiterator is only supported on CUDA and ROCm GPUs, none are available.",
-        ),
         "float32": (
             "eager_error",
             "eager torch rejects the sample on this machine: AssertionError: Jiterator is only supported on CUDA and ROCm GPUs, none are available.",
         ),
     },
     "jiterator_binary_return_by_ref": {
-        "bfloat16": (
-            "eager_error",
-            "eager torch rejects the sample on this machine: AssertionError: Jiterator is only supported on CUDA and ROCm GPUs, none are available.",
-        ),
         "float32": (
             "eager_error",
             "eager torch rejects the sample on this machine: AssertionError: Jiterator is only supported on CUDA and ROCm GPUs, none are available.",
         ),
     },
     "jiterator_unary": {
-        "bfloat16": (
-            "eager_error",
-            "eager torch rejects the sample on this machine: AssertionError: Jiterator is only supported on CUDA and ROCm GPUs, none are available.",
-        ),
         "float32": (
             "eager_error",
             "eager torch rejects the sample on this machine: AssertionError: Jiterator is only supported on CUDA and ROCm GPUs, none are available.",
         ),
-    },
-    "kthvalue": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.kthvalue.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.kthvalue.default"),
-    },
-    "ldexp": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.ldexp.Tensor"),
-        "float32": ("unsupported", "no lowering rule yet for aten.ldexp.Tensor"),
-    },
-    "linalg.cholesky": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.linalg_cholesky_ex.default with_effects",
-        ),
-    },
-    "linalg.cholesky_ex": {
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_cholesky_ex.default"),
-    },
-    "linalg.cond": {
-        "float32": ("unsupported", "no lowering rule yet for aten._linalg_svd.default"),
-    },
-    "linalg.det": {
-        "float32": ("unsupported", "no lowering rule yet for aten._linalg_det.default"),
     },
     "linalg.eig": {
         "float32": ("unsupported", "no lowering rule yet for aten.linalg_eig.default"),
@@ -409,29 +138,8 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
     "linalg.eigvals": {
         "float32": ("unsupported", "no lowering rule yet for aten.linalg_eig.default"),
     },
-    "linalg.eigvalsh": {
-        "float32": ("unsupported", "no lowering rule yet for aten._linalg_eigh.default"),
-    },
-    "linalg.householder_product": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.linalg_householder_product.default",
-        ),
-    },
-    "linalg.inv": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.linalg_inv_ex.default with_effects",
-        ),
-    },
-    "linalg.inv_ex": {
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_inv_ex.default"),
-    },
     "linalg.ldl_factor": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.linalg_ldl_factor_ex.default with_effects",
-        ),
+        "float32": ("unsupported", "no lowering rule yet for aten.linalg_ldl_factor_ex.default"),
     },
     "linalg.ldl_factor_ex": {
         "float32": ("unsupported", "no lowering rule yet for aten.linalg_ldl_factor_ex.default"),
@@ -451,367 +159,23 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DynamicOutputShapeException: aten.linalg_lstsq.default",
         ),
     },
-    "linalg.lu": {
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_lu.default"),
-    },
-    "linalg.lu_factor": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.linalg_lu_factor_ex.default with_effects",
-        ),
-    },
-    "linalg.lu_factor_ex": {
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_lu_factor_ex.default"),
-    },
-    "linalg.lu_solve": {
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_lu_solve.default"),
-    },
-    "linalg.matrix_norm": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-    },
-    "linalg.matrix_power": {
-        "float32": ("unsupported", "no lowering rule yet for aten.copy.default"),
-    },
-    "linalg.matrix_rank": {
-        "float32": ("unsupported", "no lowering rule yet for aten._linalg_svd.default"),
-    },
-    "linalg.matrix_rank.hermitian": {
-        "float32": ("unsupported", "no lowering rule yet for aten._linalg_eigh.default"),
-    },
-    "linalg.norm": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-    },
-    "linalg.norm.subgradients_at_zero": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-    },
-    "linalg.pinv": {
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_pinv.atol_rtol_tensor"),
-    },
-    "linalg.pinv.hermitian": {
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_pinv.atol_rtol_tensor"),
-    },
-    "linalg.pinv.singular": {
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_pinv.atol_rtol_tensor"),
-    },
-    "linalg.qr": {
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_qr.default"),
-    },
-    "linalg.slogdet": {
-        "float32": ("unsupported", "no lowering rule yet for aten._linalg_slogdet.default"),
-    },
-    "linalg.solve": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten._linalg_solve_ex.default with_effects",
-        ),
-    },
-    "linalg.solve_ex": {
-        "float32": ("unsupported", "no lowering rule yet for aten._linalg_solve_ex.default"),
-    },
-    "linalg.solve_triangular": {
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_solve_triangular.default"),
-    },
     "linalg.svd": {
         "float32": ("unsupported", "no lowering rule yet for aten._linalg_svd.default"),
     },
-    "linalg.svdvals": {
-        "float32": ("unsupported", "no lowering rule yet for aten._linalg_svd.default"),
-    },
-    "linalg.tensorinv": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.linalg_inv_ex.default with_effects",
-        ),
-    },
-    "linalg.tensorsolve": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten._linalg_solve_ex.default with_effects",
-        ),
-    },
-    "linalg.vector_norm": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-    },
-    "log_normal": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.log_normal.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.log_normal.default"),
-    },
-    "logcumsumexp": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.logcumsumexp.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.logcumsumexp.default"),
-    },
-    "logdet": {
-        "float32": ("unsupported", "no lowering rule yet for aten._linalg_slogdet.default"),
-    },
-    "lu": {
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_lu_factor_ex.default"),
-    },
-    "lu_solve": {
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_lu_solve.default"),
-    },
-    "lu_unpack": {
-        "float32": ("unsupported", "no lowering rule yet for aten.lu_unpack.default"),
-    },
-    "masked.amax": {
-        "bfloat16": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(-inf, size=(), dtype=torch.bfloat16))",
-        ),
-        "float32": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(-inf, size=()))",
-        ),
-    },
-    "masked.amin": {
-        "bfloat16": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(inf, size=(), dtype=torch.bfloat16))",
-        ),
-        "float32": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(inf, size=()))",
-        ),
-    },
-    "masked.argmax": {
-        "bfloat16": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(-inf, size=(), dtype=torch.bfloat16))",
-        ),
-        "float32": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(-inf, size=()))",
-        ),
-    },
-    "masked.argmin": {
-        "bfloat16": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(inf, size=(), dtype=torch.bfloat16))",
-        ),
-        "float32": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(inf, size=()))",
-        ),
-    },
-    "masked.cumprod": {
-        "bfloat16": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(1., size=(), dtype=torch.bfloat16))",
-        ),
-        "float32": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(1., size=()))",
-        ),
-    },
-    "masked.cumsum": {
-        "bfloat16": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(0., size=(), dtype=torch.bfloat16))",
-        ),
-        "float32": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(0., size=()))",
-        ),
-    },
-    "masked.log_softmax": {
-        "bfloat16": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(-inf, size=(), dtype=torch.bfloat16))",
-        ),
-        "float32": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(-inf, size=()))",
-        ),
-    },
-    "masked.logaddexp": {
-        "bfloat16": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(-inf, size=(), dtype=torch.bfloat16))",
-        ),
-        "float32": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(-inf, size=()))",
-        ),
-    },
-    "masked.logsumexp": {
-        "bfloat16": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(-inf, size=(), dtype=torch.bfloat16))",
-        ),
-        "float32": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(-inf, size=()))",
-        ),
-    },
-    "masked.mean": {
-        "bfloat16": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(0., size=(), dtype=torch.bfloat16))",
-        ),
-        "float32": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(0., size=()))",
-        ),
-    },
-    "masked.median": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.nanmedian.dim"),
-        "float32": ("unsupported", "no lowering rule yet for aten.nanmedian.dim"),
-    },
-    "masked.norm": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-    },
-    "masked.normalize": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-    },
-    "masked.prod": {
-        "bfloat16": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(1., size=(), dtype=torch.bfloat16))",
-        ),
-        "float32": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(1., size=()))",
-        ),
-    },
-    "masked.softmax": {
-        "bfloat16": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(-inf, size=(), dtype=torch.bfloat16))",
-        ),
-        "float32": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(-inf, size=()))",
-        ),
-    },
-    "masked.softmin": {
-        "bfloat16": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(inf, size=(), dtype=torch.bfloat16))",
-        ),
-        "float32": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(inf, size=()))",
-        ),
-    },
-    "masked.std": {
-        "bfloat16": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(0., size=(), dtype=torch.bfloat16))",
-        ),
-        "float32": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(0., size=()))",
-        ),
-    },
-    "masked.sum": {
-        "bfloat16": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(0., size=(), dtype=torch.bfloat16))",
-        ),
-        "float32": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(0., size=()))",
-        ),
-    },
-    "masked.var": {
-        "bfloat16": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(0., size=(), dtype=torch.bfloat16))",
-        ),
-        "float32": (
-            "lowering_error",
-            "lowering fails: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.detach.default(tensor(0., size=()))",
-        ),
-    },
     "masked_select": {
-        "bfloat16": (
-            "untraceable",
-            "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DynamicOutputShapeException: aten.masked_select.default",
-        ),
         "float32": (
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DynamicOutputShapeException: aten.masked_select.default",
         ),
     },
     "matrix_exp": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.linalg_matrix_exp.default"),
         "float32": ("unsupported", "no lowering rule yet for aten.linalg_matrix_exp.default"),
     },
-    "median": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.median.default aten.median.dim"),
-        "float32": ("unsupported", "no lowering rule yet for aten.median.default aten.median.dim"),
-    },
-    "mode": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.mode.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.mode.default"),
-    },
-    "multinomial": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.multinomial.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.multinomial.default"),
-    },
-    "nanmedian": {
-        "bfloat16": (
-            "unsupported",
-            "no lowering rule yet for aten.nanmedian.default aten.nanmedian.dim",
-        ),
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.nanmedian.default aten.nanmedian.dim",
-        ),
-    },
     "narrow": {
-        "bfloat16": (
-            "untraceable",
-            "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten._local_scalar_dense.default",
-        ),
         "float32": (
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten._local_scalar_dense.default",
         ),
-    },
-    "narrow_copy": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.narrow_copy.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.narrow_copy.default"),
-    },
-    "nn.functional.adaptive_avg_pool3d": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten._adaptive_avg_pool3d.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten._adaptive_avg_pool3d.default"),
-    },
-    "nn.functional.adaptive_max_pool1d": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.adaptive_max_pool2d.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.adaptive_max_pool2d.default"),
-    },
-    "nn.functional.adaptive_max_pool2d": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.adaptive_max_pool2d.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.adaptive_max_pool2d.default"),
-    },
-    "nn.functional.adaptive_max_pool3d": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.adaptive_max_pool3d.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.adaptive_max_pool3d.default"),
-    },
-    "nn.functional.alpha_dropout": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.empty_permuted.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.empty_permuted.default"),
-    },
-    "nn.functional.avg_pool3d": {
-        "float32": ("unsupported", "no lowering rule yet for aten.avg_pool3d.default"),
-    },
-    "nn.functional.bilinear": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten._trilinear.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten._trilinear.default"),
-    },
-    "nn.functional.cosine_embedding_loss": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.empty_permuted.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.empty_permuted.default"),
-    },
-    "nn.functional.cosine_similarity": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
     },
     "nn.functional.ctc_loss": {
         "float32": (
@@ -820,214 +184,60 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
         ),
     },
     "nn.functional.embedding_bag": {
-        "bfloat16": (
-            "unsupported",
-            "no lowering rule yet for aten._embedding_bag_forward_only.default",
-        ),
         "float32": (
             "unsupported",
             "no lowering rule yet for aten._embedding_bag_forward_only.default",
         ),
     },
     "nn.functional.fractional_max_pool2d": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.fractional_max_pool2d.default"),
         "float32": ("unsupported", "no lowering rule yet for aten.fractional_max_pool2d.default"),
     },
     "nn.functional.fractional_max_pool3d": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.fractional_max_pool3d.default"),
         "float32": ("unsupported", "no lowering rule yet for aten.fractional_max_pool3d.default"),
     },
     "nn.functional.gaussian_nll_loss": {
-        "bfloat16": (
-            "untraceable",
-            "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten._local_scalar_dense.default",
-        ),
         "float32": (
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten._local_scalar_dense.default",
         ),
     },
-    "nn.functional.grid_sample": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.grid_sampler_2d.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.grid_sampler_2d.default"),
-    },
-    "nn.functional.hinge_embedding_loss": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.empty_permuted.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.empty_permuted.default"),
-    },
-    "nn.functional.instance_norm": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.copy.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.copy.default"),
-    },
     "nn.functional.linear_cross_entropy.chunked": {
-        "bfloat16": (
-            "unsupported",
-            "no lowering rule yet for torch_nn._linear_cross_entropy_batch_chunked.default",
-        ),
         "float32": (
             "unsupported",
             "no lowering rule yet for torch_nn._linear_cross_entropy_batch_chunked.default",
         ),
     },
     "nn.functional.linear_cross_entropy.chunked_none": {
-        "bfloat16": (
-            "unsupported",
-            "no lowering rule yet for torch_nn._linear_cross_entropy_batch_chunked_no_reduction.default",
-        ),
         "float32": (
             "unsupported",
             "no lowering rule yet for torch_nn._linear_cross_entropy_batch_chunked_no_reduction.default",
         ),
-    },
-    "nn.functional.max_pool3d": {
-        "bfloat16": (
-            "unsupported",
-            "no lowering rule yet for aten.max_pool3d_with_indices.default",
-        ),
-        "float32": ("unsupported", "no lowering rule yet for aten.max_pool3d_with_indices.default"),
-    },
-    "nn.functional.normalize": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-    },
-    "nn.functional.pad.circular": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.copy.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.copy.default"),
-    },
-    "nn.functional.pairwise_distance": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-    },
-    "nn.functional.pdist": {
-        "float32": ("unsupported", "no lowering rule yet for aten._pdist_forward.default"),
-    },
-    "nn.functional.rrelu": {
-        "bfloat16": (
-            "unsupported",
-            "no lowering rule yet for aten.rrelu_with_noise_functional.default",
-        ),
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.rrelu_with_noise_functional.default",
-        ),
-    },
-    "nn.functional.triplet_margin_loss": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-    },
-    "nn.functional.triplet_margin_with_distance_loss": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
     },
     "nonzero": {
-        "bfloat16": (
-            "untraceable",
-            "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DynamicOutputShapeException: aten.nonzero.default",
-        ),
         "float32": (
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DynamicOutputShapeException: aten.nonzero.default",
         ),
     },
     "nonzero_static": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.nonzero_static.default"),
         "float32": ("unsupported", "no lowering rule yet for aten.nonzero_static.default"),
-    },
-    "norm": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-    },
-    "norm.fro": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-    },
-    "norm.inf": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-    },
-    "norm.nuc": {
-        "float32": ("unsupported", "no lowering rule yet for aten._linalg_svd.default"),
-    },
-    "normal": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.normal.Tensor_Tensor"),
-        "float32": ("unsupported", "no lowering rule yet for aten.normal.Tensor_Tensor"),
-    },
-    "normal.in_place": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.normal_functional.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.normal_functional.default"),
-    },
-    "normal.number_mean": {
-        "bfloat16": (
-            "unsupported",
-            "no lowering rule yet for aten.normal.Tensor_float aten.normal.float_float",
-        ),
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.normal.Tensor_float aten.normal.float_float",
-        ),
     },
     "ormqr": {
         "float32": ("unsupported", "no lowering rule yet for aten.ormqr.default"),
     },
     "pca_lowrank": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten._linalg_svd.default aten.linalg_qr.default",
-        ),
-    },
-    "pinverse": {
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_pinv.atol_rtol_tensor"),
+        "float32": ("unsupported", "no lowering rule yet for aten._linalg_svd.default"),
     },
     "polar": {
         "float32": ("unsupported", "no lowering rule yet for aten.polar.default"),
     },
-    "polygamma.polygamma_n_0": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.polygamma.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.polygamma.default"),
-    },
-    "polygamma.polygamma_n_1": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.polygamma.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.polygamma.default"),
-    },
-    "polygamma.polygamma_n_2": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.polygamma.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.polygamma.default"),
-    },
-    "polygamma.polygamma_n_3": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.polygamma.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.polygamma.default"),
-    },
-    "polygamma.polygamma_n_4": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.polygamma.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.polygamma.default"),
-    },
     "put": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.put.default"),
         "float32": ("unsupported", "no lowering rule yet for aten.put.default"),
     },
-    "qr": {
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_qr.default"),
-    },
-    "renorm": {
-        "bfloat16": (
-            "unsupported",
-            "no lowering rule yet for aten.linalg_vector_norm.default prims.convert_element_type.default",
-        ),
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_vector_norm.default"),
-    },
     "resize_as_": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.resize.default"),
         "float32": ("unsupported", "no lowering rule yet for aten.resize.default"),
     },
-    "searchsorted": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.searchsorted.Tensor"),
-        "float32": ("unsupported", "no lowering rule yet for aten.searchsorted.Tensor"),
-    },
     "sparse.mm.reduce": {
-        "bfloat16": (
-            "untraceable",
-            "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.crow_indices.default(tensor(crow_indices=tensor([...]),",
-        ),
         "float32": (
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.crow_indices.default(tensor(crow_indices=tensor([...]),",
@@ -1039,238 +249,40 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.crow_indices.default(tensor(crow_indices=tensor([...]),",
         ),
     },
-    "special.airy_ai": {
-        "float32": ("unsupported", "no lowering rule yet for aten.special_airy_ai.default"),
-    },
-    "special.bessel_j0": {
-        "float32": ("unsupported", "no lowering rule yet for aten.special_bessel_j0.default"),
-    },
-    "special.bessel_j1": {
-        "float32": ("unsupported", "no lowering rule yet for aten.special_bessel_j1.default"),
-    },
-    "special.bessel_y0": {
-        "float32": ("unsupported", "no lowering rule yet for aten.special_bessel_y0.default"),
-    },
-    "special.bessel_y1": {
-        "float32": ("unsupported", "no lowering rule yet for aten.special_bessel_y1.default"),
-    },
-    "special.chebyshev_polynomial_t": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.special_chebyshev_polynomial_t.default",
-        ),
-    },
-    "special.chebyshev_polynomial_u": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.special_chebyshev_polynomial_u.default",
-        ),
-    },
-    "special.chebyshev_polynomial_v": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.special_chebyshev_polynomial_v.default",
-        ),
-    },
-    "special.chebyshev_polynomial_w": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.special_chebyshev_polynomial_w.default",
-        ),
-    },
-    "special.erfcx": {
-        "float32": ("unsupported", "no lowering rule yet for aten.special_erfcx.default"),
-    },
-    "special.hermite_polynomial_h": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.special_hermite_polynomial_h.default",
-        ),
-    },
-    "special.hermite_polynomial_he": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.special_hermite_polynomial_he.default",
-        ),
-    },
-    "special.i0e": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.special_i0e.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.special_i0e.default"),
-    },
-    "special.i1": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.special_i1.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.special_i1.default"),
-    },
-    "special.i1e": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.special_i1e.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.special_i1e.default"),
-    },
-    "special.laguerre_polynomial_l": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.special_laguerre_polynomial_l.default",
-        ),
-    },
-    "special.legendre_polynomial_p": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.special_legendre_polynomial_p.default",
-        ),
-    },
-    "special.log_ndtr": {
-        "float32": ("unsupported", "no lowering rule yet for aten.special_erfcx.default"),
-    },
-    "special.modified_bessel_i0": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.special_modified_bessel_i0.default",
-        ),
-    },
-    "special.modified_bessel_i1": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.special_modified_bessel_i1.default",
-        ),
-    },
-    "special.modified_bessel_k0": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.special_modified_bessel_k0.default",
-        ),
-    },
-    "special.modified_bessel_k1": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.special_modified_bessel_k1.default",
-        ),
-    },
-    "special.ndtri": {
-        "float32": ("unsupported", "no lowering rule yet for aten.special_ndtri.default"),
-    },
-    "special.polygamma.special_polygamma_n_0": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.polygamma.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.polygamma.default"),
-    },
-    "special.scaled_modified_bessel_k0": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.special_scaled_modified_bessel_k0.default",
-        ),
-    },
-    "special.scaled_modified_bessel_k1": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.special_scaled_modified_bessel_k1.default",
-        ),
-    },
-    "special.shifted_chebyshev_polynomial_t": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.special_shifted_chebyshev_polynomial_t.default",
-        ),
-    },
-    "special.shifted_chebyshev_polynomial_u": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.special_shifted_chebyshev_polynomial_u.default",
-        ),
-    },
-    "special.shifted_chebyshev_polynomial_v": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.special_shifted_chebyshev_polynomial_v.default",
-        ),
-    },
-    "special.shifted_chebyshev_polynomial_w": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.special_shifted_chebyshev_polynomial_w.default",
-        ),
-    },
-    "special.spherical_bessel_j0": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.special_spherical_bessel_j0.default",
-        ),
-    },
-    "special.zeta": {
-        "float32": ("unsupported", "no lowering rule yet for aten.special_zeta.default"),
-    },
     "stft": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten._fft_r2c.default aten.unfold.default aten.view_as_real.default",
-        ),
+        "float32": ("unsupported", "no lowering rule yet for aten.view_as_real.default"),
     },
     "svd": {
         "float32": ("unsupported", "no lowering rule yet for aten._linalg_svd.default"),
     },
     "svd_lowrank": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten._linalg_svd.default aten.linalg_qr.default",
-        ),
+        "float32": ("unsupported", "no lowering rule yet for aten._linalg_svd.default"),
     },
     "take": {
-        "bfloat16": (
-            "untraceable",
-            "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten._local_scalar_dense.default",
-        ),
         "float32": (
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten._local_scalar_dense.default",
         ),
     },
     "tensor_split": {
-        "bfloat16": (
-            "untraceable",
-            "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten._local_scalar_dense.default",
-        ),
         "float32": (
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten._local_scalar_dense.default",
         ),
     },
     "to_sparse": {
-        "bfloat16": (
-            "unsupported",
-            "no lowering rule yet for aten._to_sparse.default aten._to_sparse.sparse_dim",
-        ),
         "float32": (
             "unsupported",
             "no lowering rule yet for aten._to_sparse.default aten._to_sparse.sparse_dim",
         ),
     },
-    "triangular_solve": {
-        "float32": ("unsupported", "no lowering rule yet for aten.triangular_solve.default"),
-    },
-    "unfold": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.unfold.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.unfold.default"),
-    },
-    "unfold_copy": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.unfold.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.unfold.default"),
-    },
-    "uniform": {
-        "bfloat16": ("unsupported", "no lowering rule yet for aten.uniform.default"),
-        "float32": ("unsupported", "no lowering rule yet for aten.uniform.default"),
-    },
     "unique": {
-        "bfloat16": (
-            "untraceable",
-            "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DynamicOutputShapeException: aten._unique2.default",
-        ),
         "float32": (
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DynamicOutputShapeException: aten._unique2.default",
         ),
     },
     "unique_consecutive": {
-        "bfloat16": (
-            "untraceable",
-            "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DynamicOutputShapeException: aten.unique_consecutive.default",
-        ),
         "float32": (
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DynamicOutputShapeException: aten.unique_consecutive.default",
