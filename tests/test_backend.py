@@ -215,3 +215,30 @@ def test_cli_version_and_devices():
         [sys.executable, "-m", "tpu_inductor.cli", "--version"], capture_output=True, text=True
     )
     assert out.stdout.startswith("tpu-inductor ")
+
+
+def test_parameters_are_transferred_once_not_per_call(monkeypatch):
+    from tpu_inductor import runtime
+
+    sent: list[tuple[int, ...]] = []
+    to_device = runtime._Transfer.to_device
+
+    def counting(self, tensor):
+        sent.append(tuple(tensor.shape))
+        return to_device(self, tensor)
+
+    monkeypatch.setattr(runtime._Transfer, "to_device", counting)
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(5)])  # 10 parameters
+    compiled = _compile(model)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        compiled(x)
+        first = len(sent)
+        sent.clear()
+        assert_same(compiled(x), model(x))
+    assert first >= 11 and sent == [(2, 4)], sent  # second call: only the activation
+    with torch.no_grad():
+        model[0].weight.add_(1)  # a new version is re-sent, the others stay resident
+        sent.clear()
+        assert_same(compiled(x), model(x))
+    assert sorted(sent) == [(2, 4), (4, 4)], sent
