@@ -72,6 +72,12 @@ def input_spec(value) -> TensorSpec | None:
     return None
 
 
+def tensor_input_specs(inputs: Sequence[Any]) -> tuple[tuple[int, ...], tuple[TensorSpec, ...]]:
+    """(positions of the tensor inputs, their specs): what a lowered module takes as arguments."""
+    positions = tuple(i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor))
+    return positions, tuple(input_spec(inputs[i]) for i in positions)
+
+
 def lower(
     gm: torch.fx.GraphModule,
     inputs: Sequence[Any],
@@ -83,8 +89,7 @@ def lower(
     import jax
 
     runner = GraphRunner(gm, x64=x64, platform=platform)
-    tensor_inputs = tuple(i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor))
-    specs = tuple(input_spec(inputs[i]) for i in tensor_inputs)
+    tensor_inputs, specs = tensor_input_specs(inputs)
     structure: dict[str, Any] = {}
 
     def fn(*args):

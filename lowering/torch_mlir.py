@@ -26,7 +26,7 @@ import torch
 
 from ..exc import FrontendUnavailableError, LoweringError
 from .interpreter import flatten
-from .stablehlo import LoweredModule, OutputSlot, TensorSpec, input_spec
+from .stablehlo import LoweredModule, OutputSlot, TensorSpec, tensor_input_specs
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,7 @@ def lower(
 ) -> LoweredModule:
     """Lower `gm` for `inputs` (tensors or fake tensors, and concrete ints) via torch-mlir."""
     fx = require()
-    tensor_inputs = tuple(i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor))
-    specs = tuple(input_spec(inputs[i]) for i in tensor_inputs)
+    tensor_inputs, specs = tensor_input_specs(inputs)
     try:
         graph, structure = _stateless_graph(gm, inputs, tensor_inputs, specs, fx)
         module = fx.stateless_fx_import(graph, output_type="stablehlo")

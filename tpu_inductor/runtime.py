@@ -202,7 +202,6 @@ class CompiledGraph:
             for spec, module_dtype in zip(lowered.output_specs, lowered.module_output_dtypes)
         )
         self._slots = lowered.outputs
-        self.calls = 0
 
     def __call__(self, args: list) -> list:
         to_device = self._transfer.to_device
@@ -223,7 +222,6 @@ class CompiledGraph:
         ]
         for position, result in self.lowered.mutations:
             args[position].copy_(outs[result])
-        self.calls += 1
         args.clear()
         return [slot.value if slot.result is None else outs[slot.result] for slot in self._slots]
 

@@ -17,20 +17,20 @@ from .common import accumulation_dtype, cast
 aten = ops.aten
 
 
-def _uniform(ctx, shape, dtype):
-    acc = accumulation_dtype(dtype)
-    return jax.random.uniform(ctx.rng_key(), shape, dtype=acc).astype(dtype)
+def _standard(ctx, sampler):
+    """`sampler(key, shape, dtype)` drawn in the node's accumulation dtype."""
+    acc = accumulation_dtype(ctx.out_dtype)
+    return sampler(ctx.rng_key(), ctx.out_shape, acc)
 
 
 @register_lowering(aten.rand.default, aten.rand_like.default, needs_ctx=True, uses_rng=True)
 def rand(ctx, *_args, **_kw):
-    return _uniform(ctx, ctx.out_shape, ctx.out_dtype)
+    return _standard(ctx, jax.random.uniform).astype(ctx.out_dtype)
 
 
 @register_lowering(aten.randn.default, aten.randn_like.default, needs_ctx=True, uses_rng=True)
 def randn(ctx, *_args, **_kw):
-    acc = accumulation_dtype(ctx.out_dtype)
-    return jax.random.normal(ctx.rng_key(), ctx.out_shape, dtype=acc).astype(ctx.out_dtype)
+    return _standard(ctx, jax.random.normal).astype(ctx.out_dtype)
 
 
 @register_lowering(
@@ -70,12 +70,6 @@ def native_dropout_backward(grad, mask, scale):
 
 
 # --- distributions of a tensor's shape (the functional forms of torch's in-place samplers) --------
-
-
-def _standard(ctx, sampler):
-    """`sampler(key, shape, dtype)` drawn in the node's accumulation dtype."""
-    acc = accumulation_dtype(ctx.out_dtype)
-    return sampler(ctx.rng_key(), ctx.out_shape, acc)
 
 
 def _open_uniform(ctx):
