@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -111,22 +112,18 @@ def _versions() -> tuple[str, ...]:
     return (torch.__version__, jax.__version__, jaxlib.__version__, __version__)
 
 
-_source_digest_value: list[str] = []
-
-
+@functools.cache
 def _source_digest() -> str:
     """sha256 of this package's Python sources: an edited lowering rule is a different key."""
-    if not _source_digest_value:
-        from . import lowering, passes
+    from . import lowering, passes
 
-        digest = hashlib.sha256()
-        for root in sorted(
-            {Path(__file__).parent, *map(Path, lowering.__path__), *map(Path, passes.__path__)}
-        ):
-            for path in sorted(root.rglob("*.py")):
-                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-        _source_digest_value.append(digest.hexdigest())
-    return _source_digest_value[0]
+    digest = hashlib.sha256()
+    for root in sorted(
+        {Path(__file__).parent, *map(Path, lowering.__path__), *map(Path, passes.__path__)}
+    ):
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def xla_flags() -> tuple[str, ...]:

@@ -250,15 +250,16 @@ class _Specializer:
     def __call__(self, inputs: Sequence[Any]) -> runtime.CompiledGraph:
         from .passes import pipeline
 
+        signature = _input_signature(inputs)
         entries = [
             ("graph", self.graph_entry),
-            ("inputs", _input_signature(inputs)),
+            ("inputs", signature),
             ("options", self.options.cache_key_entries()),
             ("passes", pipeline.pass_fingerprint(self.options.disable_passes)),
             *cache.environment_entries(self.device),
         ]
         record = debug.new_record(
-            self.name, _input_signature(inputs), fingerprint=self.graph_entry, options=self.options
+            self.name, signature, fingerprint=self.graph_entry, options=self.options
         )
         disk = None
         if self.options.cache:
