@@ -389,7 +389,7 @@ class Artifact:
             executable = _guarded(
                 folder / "executable.bin",
                 lambda: runtime.deserialize_executable(
-                    (folder / "executable.bin").read_bytes(), self.device
+                    (folder / "executable.bin").read_bytes(), self.device, bytecode
                 ),
             )
         else:

@@ -319,7 +319,8 @@ def _disk_codec(device: runtime.Device) -> cache.Codec:
     def decode(files, meta):
         text = files["module.mlir"].decode()
         lowered = serialize.lowered_from_json(meta["lowered"], files["module.mlirbc"], text)
-        return runtime.deserialize_executable(files["executable.bin"], device), lowered
+        executable = runtime.deserialize_executable(files["executable.bin"], device, text)
+        return executable, lowered
 
     return cache.Codec(encode, decode)
 

@@ -86,7 +86,7 @@ def select_device(name: str = "auto") -> Device:
 
 def compile_stablehlo(module: bytes | str, device: Device):
     """PJRT-compile a StableHLO module (bytecode or text) for one device; returns the executable."""
-    _register_custom_calls(device)
+    _register_custom_calls(device, module)
     try:
         return device.client.compile_and_load(module, *_placement(device))
     except Exception as e:  # PJRT raises its own runtime error type
@@ -98,22 +98,29 @@ def serialize_executable(executable, device: Device) -> bytes:
     return device.client.serialize_executable(executable)
 
 
-def deserialize_executable(data: bytes, device: Device):
+def deserialize_executable(data: bytes, device: Device, module: bytes | str):
     """An executable from `serialize_executable` bytes, loaded on `device`.
 
-    Loading runs code from `data` in this process: only pass bytes from a trusted place.
+    `module` is the StableHLO (bytecode or text) it was compiled from: it says which custom-call
+    kernels must be registered first. Loading runs code from `data` in this process: only pass
+    bytes from a trusted place.
     """
-    _register_custom_calls(device)
+    _register_custom_calls(device, module)
     return device.client.deserialize_executable(data, *_placement(device))
 
 
-def _register_custom_calls(device: Device) -> None:
+def _register_custom_calls(device: Device, module: bytes | str) -> None:
     """Register jaxlib's custom-call kernels (LAPACK on CPU, cuSOLVER etc. on GPU) with PJRT.
 
     jax registers them while lowering the ops that use them; an executable deserialized from
     the cache, or compiled from StableHLO that this process did not lower, calls them too, and
     an unregistered target crashes the process (as jax.export's deserialization also guards).
+    Registering costs about 80 ms on first use, so it is skipped for modules without custom
+    calls (the op's name is in both the text and the bytecode's string table).
     """
+    marker = b"custom_call" if isinstance(module, bytes) else "custom_call"
+    if marker not in module:
+        return
     from jax._src.lax import linalg  # importing it registers the GPU targets
 
     if device.platform == "cpu":
