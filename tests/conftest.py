@@ -1,4 +1,4 @@
-"""Test session setup: a private, empty compile-cache directory for the whole run."""
+"""Test session setup: private, empty cache directories (ours and torch's) for the whole run."""
 
 from __future__ import annotations
 
@@ -13,10 +13,15 @@ def _private_cache_dir():
     """Keep the suite out of the user's cache (and the user's cache out of the suite)."""
     with tempfile.TemporaryDirectory(prefix="tpu-inductor-test-cache-") as path:
         os.chmod(path, 0o700)
-        previous = os.environ.get("TPU_INDUCTOR_CACHE_DIR")
-        os.environ["TPU_INDUCTOR_CACHE_DIR"] = path
+        settings = {  # torch's holds AOTAutogradCache entries, which refer to ours
+            "TPU_INDUCTOR_CACHE_DIR": path,
+            "TORCHINDUCTOR_CACHE_DIR": os.path.join(path, "torch"),
+        }
+        previous = {name: os.environ.get(name) for name in settings}
+        os.environ.update(settings)
         yield path
-        if previous is None:
-            os.environ.pop("TPU_INDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TPU_INDUCTOR_CACHE_DIR"] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

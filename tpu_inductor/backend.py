@@ -7,6 +7,7 @@ decomposes it to core ATen and splits forward from backward, and hands each grap
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -29,18 +30,35 @@ def tpu_inductor(
     debug.dynamo_graph(gm, opts)
     from torch._dynamo.backends.common import aot_autograd
 
+    from . import autograd_cache  # imports torch._inductor: not at module import
     from .compile_fx import compile_graph
+
+    use_autograd_cache = autograd_cache.enabled(gm, opts)
+    if use_autograd_cache:
+        gm._backend_id = autograd_cache.backend_id(opts)
 
     def compiler(kind: str):
         def compile_one(fx_graph, inputs):
             static = _static_input_indices() if kind != "backward" else ()
-            return compile_graph(fx_graph, inputs, opts, static_inputs=static, kind=kind)
+            compiled = compile_graph(fx_graph, inputs, opts, static_inputs=static, kind=kind)
+            return (
+                autograd_cache.CachedGraph(compiled, kind, static)
+                if use_autograd_cache
+                else compiled
+            )
 
-        return compile_one
+        if not use_autograd_cache:
+            return compile_one
+        from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+
+        return SerializableAOTDispatchCompiler(autograd_cache.CachedGraph, compile_one)
 
     # Effect tokens (of _linalg_check_errors, ...) made inside the graph, as Inductor has them,
     # instead of graph inputs that AOTAutograd fills with None at run time.
-    with torch._functorch.config.patch(unlift_effect_tokens=True):
+    with (
+        torch._functorch.config.patch(unlift_effect_tokens=True),
+        autograd_cache.active(opts) if use_autograd_cache else contextlib.nullcontext(),
+    ):
         return aot_autograd(
             fw_compiler=compiler("forward"),
             bw_compiler=compiler("backward"),

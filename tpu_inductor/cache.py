@@ -152,8 +152,8 @@ class MemoryCache:
 
     def get_or_compile(
         self,
-        entries: Sequence[tuple[str, Any]],
-        compile_fn: Callable[[], Any],
+        entries: Sequence[tuple[str, Any]] | CacheKey,
+        compile_fn: Callable[[], Any] | None,
         *,
         disk: DiskCache | None = None,
         codec: Codec | None = None,
@@ -161,14 +161,15 @@ class MemoryCache:
         stage: Callable[[str], Any] = lambda _name: contextlib.nullcontext(),
         label: str = "",
     ):
-        """The cached value for `entries`, from memory, then disk, else `compile_fn()`.
+        """The cached value for `entries` (or a key), from memory, then disk, else `compile_fn()`.
 
         `info` receives the decision ("memory_hit", "disk_hit", "miss", "bypass") and the key
-        digest; `stage(name)` times the "cache_load" and "cache_store" stages.
+        digest; `stage(name)` times the "cache_load" and "cache_store" stages. Without a
+        `compile_fn` a miss returns None.
         """
         info = {} if info is None else info
         try:
-            key = CacheKey.of(entries)
+            key = entries if isinstance(entries, CacheKey) else CacheKey.of(entries)
         except UnhashableEntry as e:
             counters["bypass"] += 1
             info["decision"] = "bypass"
@@ -191,6 +192,8 @@ class MemoryCache:
                 return value
         counters["miss"] += 1
         info["decision"] = "miss"
+        if compile_fn is None:
+            return None
         value = compile_fn()
         self._entries[key.digest] = value
         if disk is not None and codec is not None:

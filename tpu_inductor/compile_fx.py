@@ -248,34 +248,21 @@ class _Specializer:
         self.graph_entry = _graph_fingerprint(gm)
 
     def __call__(self, inputs: Sequence[Any]) -> runtime.CompiledGraph:
-        from .passes import pipeline
-
         signature = _input_signature(inputs)
-        entries = [
-            ("graph", self.graph_entry),
-            ("inputs", signature),
-            ("options", self.options.cache_key_entries()),
-            ("passes", pipeline.pass_fingerprint(self.options.disable_passes)),
-            *cache.environment_entries(self.device),
-        ]
+        key = cache.CacheKey.of([("graph", self.graph_entry), ("inputs", signature)])
         record = debug.new_record(
             self.name, signature, fingerprint=self.graph_entry, options=self.options
         )
-        disk = None
-        if self.options.cache:
-            disk = cache.open_disk_cache(self.options.cache_dir, self.options.cache_max_mb)
-        executable, lowered = cache.memory_cache.get_or_compile(
-            entries,
+        compiled = _cached_compile(
+            key,
+            self.options,
+            self.device,
+            self.static_inputs,
+            record,
             lambda: self._lower_and_compile(inputs, record),
-            disk=disk,
-            codec=_disk_codec(self.device),
-            info=record.cache,
-            stage=record.stage,
-            label=f"{self.name} {record.inputs}",
         )
         debug.finish(record)
-        static = self.static_inputs if self.options.resident_params else ()
-        return runtime.CompiledGraph(executable, lowered, self.device, static)
+        return compiled
 
     def _lower_and_compile(self, inputs, record: debug.CompileRecord):
         from .lowering import stablehlo, torch_mlir
@@ -300,6 +287,72 @@ class _Specializer:
             record.timings["pjrt_compile"],
         )
         return executable, lowered
+
+
+def context_entries(options: Options, device: runtime.Device) -> list[tuple[str, Any]]:
+    """The compile-cache key entries besides the graph's: options, passes, environment."""
+    from .passes import pipeline
+
+    return [
+        ("options", options.cache_key_entries()),
+        ("passes", pipeline.pass_fingerprint(options.disable_passes)),
+        *cache.environment_entries(device),
+    ]
+
+
+def _cached_compile(
+    graph_key: cache.CacheKey,
+    options: Options,
+    device: runtime.Device,
+    static_inputs: Sequence[int],
+    record: debug.CompileRecord,
+    compile_fn: Callable[[], Any] | None,
+) -> runtime.CompiledGraph | None:
+    """The graph of `graph_key` (graph and inputs entries) from the compile cache, or compiled
+    by `compile_fn` and stored; None when it is not cached and there is no `compile_fn`."""
+    key = cache.CacheKey(
+        graph_key.entries + cache.CacheKey.of(context_entries(options, device)).entries
+    )
+    disk = None
+    if options.cache:
+        disk = cache.open_disk_cache(options.cache_dir, options.cache_max_mb)
+    value = cache.memory_cache.get_or_compile(
+        key,
+        compile_fn,
+        disk=disk,
+        codec=_disk_codec(device),
+        info=record.cache,
+        stage=record.stage,
+        label=f"{record.graph} {record.inputs}",
+    )
+    if value is None:
+        return None
+    executable, lowered = value
+    static = static_inputs if options.resident_params else ()
+    return runtime.CompiledGraph(executable, lowered, device, static, graph_key)
+
+
+def load_cached(
+    kind: str,
+    graph_key: cache.CacheKey,
+    static_inputs: Sequence[int],
+    example_inputs: Sequence[Any],
+    options: Options,
+) -> runtime.CompiledGraph | None:
+    """A graph compiled by an earlier process, from the compile cache only (None if absent).
+
+    For torch's AOTAutogradCache, which keeps `graph_key` and not the graph: the rest of the
+    key comes from this process's options and environment.
+    """
+    device = runtime.select_device(options.device)
+    record = debug.new_record(f"{kind}_{next(_graph_ids)}", _input_signature(example_inputs))
+    record.cache["aot_autograd"] = "hit"
+    compiled = _cached_compile(graph_key, options, device, static_inputs, record, None)
+    if compiled is None:
+        record.status, record.error = "failed", "not in the compile cache: compiled again"
+        return None
+    debug.finish(record)
+    return compiled
 
 
 def _disk_codec(device: runtime.Device) -> cache.Codec:

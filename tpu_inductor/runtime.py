@@ -80,8 +80,25 @@ def select_device(name: str = "auto") -> Device:
             f"(found: {', '.join(platforms) or 'none'}). Install its PJRT plugin (e.g. libtpu, "
             "jax[cuda12]) or choose another with options={'device': ...} / TPU_INDUCTOR_DEVICE."
         )
-    device = platforms[name][0]
-    return Device(client=jeb.get_backend(name), device=device, platform=name)
+    if name == "cpu":
+        client = _synchronous_cpu_client()
+        return Device(client=client, device=client.local_devices()[0], platform=name)
+    return Device(client=jeb.get_backend(name), device=platforms[name][0], platform=name)
+
+
+def _synchronous_cpu_client():
+    """A CPU PJRT client of our own that runs each execution on the calling thread.
+
+    jax's CPU client hands larger executions to a worker thread, which then releases the
+    zero-copy torch inputs; torch's dlpack deleter takes the GIL on that thread: a GIL handoff
+    per call, and an abort ("terminate called without an active exception") when it happens
+    while the interpreter shuts down.
+    """
+    import jax
+    from jax._src.lib import xla_client
+
+    count = jax.config.jax_num_cpu_devices
+    return xla_client.make_cpu_client(asynchronous=False, num_devices=count if count >= 0 else None)
 
 
 def compile_stablehlo(module: bytes | str, device: Device):
@@ -190,11 +207,19 @@ class _Transfer:
 class CompiledGraph:
     """A compiled executable with the torch calling convention (boxed: takes a list of args)."""
 
-    def __init__(self, executable, lowered, device: Device, static_inputs: Sequence[int] = ()):
+    def __init__(
+        self,
+        executable,
+        lowered,
+        device: Device,
+        static_inputs: Sequence[int] = (),
+        graph_key: Any = None,
+    ):
         self._boxed_call = True  # an instance attribute: wrappers copy __dict__, not the class
         self.executable = executable
         self.lowered = lowered
         self.device = device
+        self.graph_key = graph_key  # the compile cache's key of graph and inputs, if cached
         self._transfer = _Transfer(device)
         self._inputs = tuple(  # (graph input position, dtype to cast to first, or None)
             (position, module_dtype if spec.dtype != module_dtype else None)

@@ -1,0 +1,126 @@
+"""torch's AOTAutogradCache carrying our graphs: a warm start skips AOTAutograd and lowering.
+
+"A fresh process" is emulated in-process: Dynamo reset and our memory cache emptied, so the
+second compile finds only the two disk caches (torch's AOTAutograd entries, our executables).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import shutil
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from tpu_inductor import cache, debug
+
+from .helpers import assert_same, grads_of
+from .test_backend import _uses_unsupported_op
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 32)
+        self.fc2 = torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x))).softmax(-1)
+
+
+def _fresh_start() -> None:
+    torch._dynamo.reset()
+    cache.memory_cache.clear()
+    counters.clear()
+
+
+def _compile(model, cache_dir, **options):
+    return torch.compile(
+        model, backend="tpu_inductor", options={"cache_dir": str(cache_dir), **options}
+    )
+
+
+@pytest.fixture
+def net():
+    torch.manual_seed(0)
+    return _Net(), torch.randn(8, 16)
+
+
+def test_inference_warm_start_hits_aot_autograd_cache_and_skips_lowering(net, tmp_path):
+    model, x = net
+    with torch.no_grad():
+        _fresh_start()
+        assert_same(_compile(model, tmp_path)(x), model(x))
+        assert counters["aot_autograd"]["autograd_cache_saved"] == 1
+        _fresh_start()
+        first_record = len(debug.records)
+        assert_same(_compile(model, tmp_path)(x), model(x))
+    assert counters["aot_autograd"]["autograd_cache_hit"] == 1
+    (record,) = debug.records[first_record:]
+    assert record.cache["aot_autograd"] == "hit" and record.cache["decision"] == "disk_hit"
+    assert "lower" not in record.timings and "pjrt_compile" not in record.timings
+
+
+def test_training_warm_start_gives_eager_gradients(net, tmp_path):
+    model, x = net
+    expected = grads_of(model, model(x).square().sum())
+    for _ in range(2):  # cold, then warm from both caches
+        _fresh_start()
+        trained = copy.deepcopy(model)
+        loss = _compile(trained, tmp_path)(x).square().sum()
+        assert_same(grads_of(trained, loss), expected)
+    assert counters["aot_autograd"]["autograd_cache_hit"] == 1
+    kinds = {r.graph.split("_")[0] for r in debug.records[-2:]}
+    assert kinds == {"forward", "backward"}
+    assert all(r.cache.get("aot_autograd") == "hit" for r in debug.records[-2:])
+
+
+def test_our_entry_gone_means_a_recompile_not_an_error(net, tmp_path):
+    model, x = net
+    with torch.no_grad():
+        _fresh_start()
+        _compile(model, tmp_path / "ours")(x)
+        shutil.rmtree(tmp_path / "ours")  # torch's entry stays, ours is gone
+        _fresh_start()
+        first_record = len(debug.records)
+        assert_same(_compile(model, tmp_path / "ours")(x), model(x))
+    gone, recompiled = debug.records[first_record:]
+    assert gone.status == "failed" and "not in the compile cache" in gone.error
+    assert recompiled.cache["decision"] == "miss" and "lower" in recompiled.timings
+    assert counters["aot_autograd"]["autograd_cache_hit"] == 0
+
+
+def test_other_options_are_another_aot_autograd_key(net, tmp_path):
+    model, x = net
+    with torch.no_grad():
+        _fresh_start()
+        _compile(model, tmp_path)(x)
+        _fresh_start()
+        assert_same(_compile(model, tmp_path, x64="narrow")(x), model(x))
+    assert counters["aot_autograd"]["autograd_cache_miss"] == 1
+    assert counters["aot_autograd"]["autograd_cache_hit"] == 0
+
+
+def test_split_graph_is_not_stored_and_still_runs(tmp_path, caplog):
+    x = torch.randn(16)
+    with caplog.at_level(logging.INFO, logger="torch._functorch._aot_autograd.autograd_cache"):
+        for _ in range(2):
+            _fresh_start()
+            compiled = torch.compile(
+                _uses_unsupported_op, backend="tpu_inductor", options={"cache_dir": str(tmp_path)}
+            )
+            assert_same(compiled(x), _uses_unsupported_op(x))
+    assert counters["aot_autograd"]["autograd_cache_hit"] == 0
+    assert counters["aot_autograd"]["autograd_cache_bypass"] == 1
+    assert any("a split graph" in r.getMessage() for r in caplog.records)
+
+
+def test_cache_off_leaves_aot_autograd_cache_alone(net, tmp_path):
+    model, x = net
+    with torch.no_grad():
+        _fresh_start()
+        _compile(model, tmp_path, cache=False)(x)
+    assert counters["aot_autograd"]["autograd_cache_miss"] == 0
+    assert counters["aot_autograd"]["autograd_cache_saved"] == 0

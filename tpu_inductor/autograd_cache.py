@@ -1,0 +1,100 @@
+"""torch's AOTAutogradCache carrying our compiled graphs: a warm process skips AOTAutograd too.
+
+With the compile cache on, the backend hands AOTAutograd its compilers as
+`SerializableAOTDispatchCompiler`s, so AOTAutograd looks its own cache up before tracing. Its key
+covers the Dynamo graph, input metadata, grad and autocast state, torch's version and configs,
+and the graph module's `_backend_id`, which `backend_id` makes a digest of our options, passes,
+sources and PJRT environment. Its entries are pickles under torch's cache directory
+(TORCHINDUCTOR_CACHE_DIR), bundled with the OutputCode our compilers return: `CachedGraph`.
+
+A CachedGraph pickles the compile-cache key of its graph and input signature, never the
+executable. On a hit, `post_compile` loads the executable from our checksummed, private compile
+cache, under this process's options and environment; when it is not there (evicted, cleared),
+AOTAutograd counts a bypass and compiles as usual, which stores it again. Graphs that are split
+(ops without a lowering) or have symbolic sizes are not stored: asked to serialize, their
+CachedGraph bypasses AOTAutograd's cache.
+
+The backward graph is compiled with the forward (not at the first backward call), so that a
+training graph's entry is written while this module's configuration is in force.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch._inductor.output_code import OutputCode
+
+from .config import Options
+
+# The options of the backend call in progress: AOTAutograd calls `post_compile` inside it.
+_active_options: contextvars.ContextVar[Options] = contextvars.ContextVar("tpu_inductor_options")
+
+
+class CachedGraph(OutputCode):
+    """A compiled graph as AOTAutograd's cache sees it: an OutputCode that pickles to its key."""
+
+    def __init__(self, compiled: Callable[[list], list], kind: str, static_inputs: Sequence[int]):
+        self._boxed_call = True
+        self.compiled: Callable[[list], list] | None = compiled
+        self.kind = kind
+        self.static_inputs = tuple(static_inputs)
+        self.graph_key = getattr(compiled, "graph_key", None)  # None: not storable
+
+    def __call__(self, args: list) -> list:
+        return self.compiled(args)
+
+    def prepare_for_serialization(self) -> None:
+        """Called on a copy about to be pickled: keep the key, drop the executable."""
+        from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
+
+        if self.graph_key is None:
+            raise BypassAOTAutogradCache(
+                "tpu_inductor: a split graph or one with symbolic sizes is not stored"
+            )
+        self.compiled = None
+
+    def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs) -> None:
+        """On an AOTAutogradCache hit: load the executable from our compile cache."""
+        from . import compile_fx
+        from .exc import CacheError
+
+        options = _active_options.get(None)
+        if options is None:
+            raise CacheError("tpu_inductor: an AOTAutograd cache entry loaded outside the backend")
+        compiled = compile_fx.load_cached(
+            self.kind, self.graph_key, self.static_inputs, example_inputs, options
+        )
+        if compiled is None:  # AOTAutograd then counts a bypass and compiles
+            raise CacheError(f"tpu_inductor: compile-cache entry {self.graph_key} is gone")
+        self.compiled = compiled
+
+
+def enabled(gm: torch.fx.GraphModule, options: Options) -> bool:
+    """Whether to use AOTAutograd's cache for `gm`: our cache is on, and no one else (Dynamo's
+    precompile) has named the graph's backend already."""
+    return options.cache and getattr(gm, "_backend_id", None) is None
+
+
+def backend_id(options: Options) -> str:
+    """What AOTAutograd's key knows of us: options, passes, sources and environment."""
+    from . import cache, compile_fx, runtime
+
+    device = runtime.select_device(options.device)
+    return "tpu_inductor-" + cache.CacheKey.of(compile_fx.context_entries(options, device)).digest
+
+
+@contextlib.contextmanager
+def active(options: Options) -> Iterator[None]:
+    """The scope of one backend call: AOTAutograd configured to bundle our graphs."""
+    token = _active_options.set(options)
+    try:
+        with torch._functorch.config.patch(
+            bundled_autograd_cache=True, force_non_lazy_backward_lowering=True
+        ):
+            yield
+    finally:
+        _active_options.reset(token)
