@@ -180,6 +180,16 @@ def test_resident_parameters_follow_in_place_updates():
         assert_same(compiled(x), model(x))
 
 
+def test_resident_parameters_follow_a_replaced_storage():
+    model = nn.Linear(4, 4)
+    compiled = _compile(model)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        compiled(x)
+        model.weight.data = torch.randn(4, 4)  # same object and version, another storage
+        assert_same(compiled(x), model(x))
+
+
 def test_rule_with_wrong_dtype_names_node_and_source_line():
     from tpu_inductor.lowering.registry import register_lowering
 

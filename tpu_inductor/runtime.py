@@ -228,7 +228,7 @@ class CompiledGraph:
             )
         )
         self._static = frozenset(static_inputs) & set(lowered.tensor_inputs)
-        self._resident: dict[int, tuple[torch.Tensor, int, Any]] = {}
+        self._resident: dict[int, tuple[torch.Tensor, int, int, Any]] = {}
         self._output_casts = tuple(
             spec.dtype if spec.dtype != module_dtype else None
             for spec, module_dtype in zip(lowered.output_specs, lowered.module_output_dtypes)
@@ -258,12 +258,18 @@ class CompiledGraph:
         return [slot.value if slot.result is None else outs[slot.result] for slot in self._slots]
 
     def _resident_argument(self, tensor: torch.Tensor, position: int, cast):
-        """A parameter's device array, re-sent only when the tensor or its version changed."""
+        """A parameter's device array, re-sent only when the tensor, its version or its storage
+        changed (`param.data = other` keeps the object and the version, not the storage)."""
         cached = self._resident.get(position)
-        if cached is not None and cached[0] is tensor and cached[1] == tensor._version:
-            return cached[2]
+        if (
+            cached is not None
+            and cached[0] is tensor
+            and cached[1] == tensor._version
+            and cached[2] == tensor.data_ptr()
+        ):
+            return cached[3]
         array = self._transfer.to_device(tensor if cast is None else tensor.to(cast))
-        self._resident[position] = (tensor, tensor._version, array)
+        self._resident[position] = (tensor, tensor._version, tensor.data_ptr(), array)
         return array
 
 
