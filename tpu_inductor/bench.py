@@ -4,7 +4,9 @@ Per case (a model, for inference or a training step) every mode gets a cold firs
 (compile caches off: Inductor in a fresh cache directory, tpu_inductor with `cache=False`),
 then warm-up calls, then N timed samples taken interleaved (eager, inductor, tpu_inductor,
 eager, ...) so that all modes see the same machine. A sample averages `number` calls, chosen
-in warm-up so that one sample lasts at least 5 ms (tiny overhead cases need many calls).
+in warm-up so that one sample lasts at least 5 ms (tiny overhead cases need many calls), and
+follows at least 20 ms of untimed calls of the same mode: torch's OpenMP threads spin for about
+3 ms after an eager or Inductor call, and a sample must not pay for another mode's threads.
 
 Reported per case and mode: median and interquartile range of the samples; speedups against
 eager and Inductor (their median / this median); the cold first call, for tpu_inductor broken
@@ -44,6 +46,10 @@ MODES = ("eager", "inductor", "tpu_inductor")
 SCHEMA = "tpu-inductor-bench/1"
 NOISY = 0.10  # others' share of the machine's CPU above which a case is flagged as noisy
 _MIN_SAMPLE_S = 0.005  # a timed sample repeats the call until it lasts at least this long
+# Untimed calls of a mode right before each of its samples, at least this long: the previous
+# mode's worker threads (torch's OpenMP, XLA's Eigen) spin for a few ms after their last call
+# and would otherwise bill the next mode's sample for it.
+_SETTLE_S = 0.02
 _MAX_NUMBER = 10_000
 _MIN_LOAD_WINDOW_S = 0.5  # /proc counts 10 ms ticks: shorter windows say little about load
 
@@ -237,11 +243,20 @@ def _interleaved(steps: dict, runs: int, progress) -> dict[str, list[float]]:
     for index in range(runs):
         progress(f"round {index + 1}/{runs}")
         for mode, (step, number) in steps.items():
+            _settle(step)
             start = time.perf_counter()
             for _ in range(number):
                 step()
             times[mode].append((time.perf_counter() - start) / number)
     return times
+
+
+def _settle(step) -> None:
+    """Untimed calls of one mode for at least `_SETTLE_S` (one call at least)."""
+    end = time.perf_counter() + _SETTLE_S
+    step()
+    while time.perf_counter() < end:
+        step()
 
 
 def _stats(times: list[float]) -> dict:
