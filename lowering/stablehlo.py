@@ -33,10 +33,12 @@ class TensorSpec:
 
 @dataclasses.dataclass(frozen=True)
 class OutputSlot:
-    """One graph output: module result number `result`, or the Python `value` when None."""
+    """One graph output: module result number `result`; else graph input number `input`
+    returned as it is (no copy through the module); else the Python `value`."""
 
     result: int | None
     value: Any = None
+    input: int | None = None
 
 
 @dataclasses.dataclass
@@ -90,6 +92,7 @@ def lower(
 
     runner = GraphRunner(gm, x64=x64, platform=platform)
     tensor_inputs, specs = tensor_input_specs(inputs)
+    passed_through = _passed_through_inputs(gm, tensor_inputs)
     structure: dict[str, Any] = {}
 
     def fn(*args):
@@ -104,8 +107,10 @@ def lower(
             values[position] = arg
         flat = runner.run(values, rng)
         results, slots = [], []
-        for value in flat:
-            if isinstance(value, jax.Array):
+        for value, source in zip(flat, passed_through):
+            if source is not None:
+                slots.append(OutputSlot(None, input=source))
+            elif isinstance(value, jax.Array):
                 slots.append(OutputSlot(len(results)))
                 results.append(value)
             else:
@@ -142,6 +147,15 @@ def lower(
         x64=x64,
         text_with_locations=module.operation.get_asm(enable_debug_info=True),
     )
+
+
+def _passed_through_inputs(gm, tensor_inputs) -> list[int | None]:
+    """Per graph output: the tensor input it is (AOTAutograd saves inputs for the backward by
+    returning them), else None. Returned as module results, XLA would copy them."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    tensors = {placeholders[i]: i for i in tensor_inputs}
+    output_node = next(n for n in gm.graph.nodes if n.op == "output")
+    return [tensors.get(node) for node in flatten(output_node.args[0])]
 
 
 def _output_specs(gm, slots, mutations, inputs) -> tuple[TensorSpec, ...]:

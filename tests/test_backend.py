@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tpu_inductor import cache, debug
+from tpu_inductor import cache, debug, runtime
 from tpu_inductor.config import Options
 from tpu_inductor.exc import (
     LoweringError,
@@ -19,7 +19,7 @@ from tpu_inductor.exc import (
     UnsupportedOpError,
 )
 
-from .helpers import assert_same
+from .helpers import assert_same, grads_of
 
 
 @pytest.fixture(autouse=True)
@@ -178,6 +178,29 @@ def test_resident_parameters_follow_in_place_updates():
         model.weight.mul_(3)
         model.bias.add_(1)
         assert_same(compiled(x), model(x))
+
+
+def test_training_forward_saves_no_transposed_weight(monkeypatch):
+    """Saved tensors are module results, which XLA materializes: `weight.t()` must be recomputed
+    in the backward (a view), not saved; parameters saved for it pass through uncopied."""
+    compiled_graphs = []
+    original = runtime.CompiledGraph.__init__
+
+    def record(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        compiled_graphs.append(self)
+
+    monkeypatch.setattr(runtime.CompiledGraph, "__init__", record)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    loss = _compile(model)(x).sum()
+    forward = compiled_graphs[0].lowered
+    result_shapes = {spec.shape for spec in forward.output_specs}
+    assert not result_shapes & {(8, 16), (16, 4)}, result_shapes  # the weights' transposes
+    assert any(slot.input is not None for slot in forward.outputs)
+    expected = grads_of(model, model(x).sum())
+    model.zero_grad()
+    assert_same(grads_of(model, loss), expected)
 
 
 def test_resident_parameters_follow_a_replaced_storage():

@@ -86,6 +86,19 @@ def test_disk_hit_skips_lowering_and_compiling(tmp_path):
     assert warm.cache["key"] == cold.cache["key"] and len(_entry_dirs(tmp_path)) == 1
 
 
+def test_input_returned_as_an_output_is_the_same_tensor_after_a_disk_hit(tmp_path):
+    def fn(x, y):
+        return x * 2, y  # y passes through: no copy through the module
+
+    args = (torch.randn(3), torch.randn(4))
+    for decision in ("miss", "disk_hit"):
+        cache.memory_cache.clear()
+        doubled, same = compile_aten(fn, args, {"cache_dir": str(tmp_path)})(*args)
+        assert debug.records[-1].cache["decision"] == decision
+        assert same is args[1]
+        assert_same(doubled, args[0] * 2)
+
+
 def test_cache_false_writes_nothing(tmp_path):
     cache.memory_cache.clear()
     target = tmp_path / "never"

@@ -63,6 +63,7 @@ def tpu_inductor(
             fw_compiler=compiler("forward"),
             bw_compiler=compiler("backward"),
             inference_compiler=compiler("inference"),
+            partition_fn=_partition,
             decompositions=_decompositions(),
             keep_inference_input_mutations=True,
         )(gm, example_inputs)
@@ -74,6 +75,16 @@ def _decompositions() -> dict:
     from torch._decomp import core_aten_decompositions
 
     return dict(core_aten_decompositions())
+
+
+def _partition(joint, joint_inputs, **kwargs):
+    """Forward/backward split by Inductor's min-cut partitioner: views and cheap pointwise ops
+    are recomputed in the backward instead of saved. Saved tensors are module outputs, which XLA
+    materializes: saving `weight.t()` made every training step transpose and copy each weight.
+    """
+    from functorch.compile import min_cut_rematerialization_partition
+
+    return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
 
 
 def _static_input_indices() -> tuple[int, ...]:

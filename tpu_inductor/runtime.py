@@ -233,7 +233,7 @@ class CompiledGraph:
             spec.dtype if spec.dtype != module_dtype else None
             for spec, module_dtype in zip(lowered.output_specs, lowered.module_output_dtypes)
         )
-        self._slots = lowered.outputs
+        self._slots = tuple((slot.result, slot.input, slot.value) for slot in lowered.outputs)
 
     def __call__(self, args: list) -> list:
         to_device = self._transfer.to_device
@@ -254,8 +254,12 @@ class CompiledGraph:
         ]
         for position, result in self.lowered.mutations:
             args[position].copy_(outs[result])
+        returned = [
+            outs[result] if result is not None else value if source is None else args[source]
+            for result, source, value in self._slots
+        ]
         args.clear()
-        return [slot.value if slot.result is None else outs[slot.result] for slot in self._slots]
+        return returned
 
     def _resident_argument(self, tensor: torch.Tensor, position: int, cast):
         """A parameter's device array, re-sent only when the tensor, its version or its storage

@@ -50,6 +50,8 @@ def lowered_to_json(lowered: LoweredModule) -> dict[str, Any]:
     for slot in lowered.outputs:
         if slot.result is not None:
             outputs.append({"result": slot.result})
+        elif slot.input is not None:
+            outputs.append({"input": slot.input})
         elif isinstance(slot.value, _SCALARS):
             outputs.append({"value": slot.value})
         else:
@@ -72,6 +74,8 @@ def lowered_from_json(data: dict[str, Any], bytecode: bytes, text: str) -> Lower
     for slot in data["outputs"]:
         if "result" in slot:
             outputs.append(OutputSlot(_int(slot["result"])))
+        elif "input" in slot:
+            outputs.append(OutputSlot(None, input=_int(slot["input"])))
         elif isinstance(slot["value"], _SCALARS):
             outputs.append(OutputSlot(None, slot["value"]))
         else:
