@@ -13,6 +13,9 @@ lower either to eager torch: each region's choice is logged and in its compile r
 
 Graphs whose inputs have symbolic sizes are specialized per concrete size (keyed by the sizes,
 one log line per compile) until the bucketing pass lands.
+
+`load_cached` is the way in from torch's AOTAutogradCache (autograd_cache.py): a graph key
+from an earlier process, stage 4's lookup only.
 """
 
 from __future__ import annotations
@@ -345,7 +348,9 @@ def load_cached(
     key comes from this process's options and environment.
     """
     device = runtime.select_device(options.device)
-    record = debug.new_record(f"{kind}_{next(_graph_ids)}", _input_signature(example_inputs))
+    record = debug.new_record(
+        f"{kind}_{next(_graph_ids)}", _input_signature(example_inputs), options=options
+    )
     record.cache["aot_autograd"] = "hit"
     compiled = _cached_compile(graph_key, options, device, static_inputs, record, None)
     if compiled is None:
