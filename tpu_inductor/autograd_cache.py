@@ -64,12 +64,18 @@ class CachedGraph(OutputCode):
 
         options = _active_options.get(None)
         if options is None:
-            raise CacheError("tpu_inductor: an AOTAutograd cache entry loaded outside the backend")
+            raise CacheError(
+                "tpu_inductor: an AOTAutograd cache entry was loaded outside a tpu_inductor "
+                "backend call (no options to load it under); AOTAutograd compiles it instead"
+            )
         compiled = compile_fx.load_cached(
             self.kind, self.graph_key, self.static_inputs, example_inputs, options
         )
         if compiled is None:  # AOTAutograd then counts a bypass and compiles
-            raise CacheError(f"tpu_inductor: compile-cache entry {self.graph_key} is gone")
+            raise CacheError(
+                f"tpu_inductor: compile-cache entry {self.graph_key} is gone (evicted or "
+                "cleared); AOTAutograd compiles the graph again, which stores it anew"
+            )
         self.compiled = compiled
 
 

@@ -87,6 +87,7 @@ def select_device(name: str = "auto") -> Device:
     return Device(client=jeb.get_backend(name), device=platforms[name][0], platform=name)
 
 
+@functools.cache  # one client, whether the device was asked for as "auto" or "cpu"
 def _synchronous_cpu_client():
     """A CPU PJRT client of our own that runs each execution on the calling thread.
 
