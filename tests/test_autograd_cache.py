@@ -7,8 +7,11 @@ second compile finds only the two disk caches (torch's AOTAutograd entries, our 
 from __future__ import annotations
 
 import copy
+import os
 import logging
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -144,3 +147,28 @@ def test_warm_start_applies_buffer_mutations(tmp_path):
         assert_same(trained[1].running_mean, reference[1].running_mean)
         assert_same(trained[1].num_batches_tracked, reference[1].num_batches_tracked)
     assert counters["aot_autograd"]["autograd_cache_hit"] == 1
+
+
+def test_cache_key_does_not_import_inductor_code_generators(tmp_path):
+    """A fresh process: the cold compile stores an entry, and Inductor's codegen stays unloaded."""
+    code = (
+        "import sys, torch\n"
+        "from torch._dynamo.utils import counters\n"
+        f"f = torch.compile(lambda x: x.sin() * 2, backend='tpu_inductor', "
+        f"options={{'cache_dir': {str(tmp_path)!r}}})\n"
+        "x = torch.randn(5)\n"
+        "torch.testing.assert_close(f(x), x.sin() * 2)\n"
+        "assert counters['aot_autograd']['autograd_cache_saved'] == 1, counters['aot_autograd']\n"
+        "codegen = ('torch._inductor.codegen.cpp', 'torch._inductor.select_algorithm')\n"
+        "loaded = [m for m in codegen if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+        "from torch._inductor import codecache\n"
+        "assert hasattr(codecache.init_backend_registration, 'cache_clear')  # restored\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch")}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("ok")

@@ -16,6 +16,12 @@ CachedGraph bypasses AOTAutograd's cache.
 
 The backward graph is compiled with the forward (not at the first backward call), so that a
 training graph's entry is written while this module's configuration is in force.
+
+Computing the key, torch registers Inductor's code generators for every device (to hash their
+custom passes), which imports Inductor's codegen: about 0.6 s of every first call, cold or warm,
+for code generators we never run. `active` skips that registration inside our backend call; the
+key then hashes the custom passes registered so far (none, unless Inductor ran in this process),
+which can only make a key differ from another process's, never match one it should not.
 """
 
 from __future__ import annotations
@@ -98,9 +104,25 @@ def active(options: Options) -> Iterator[None]:
     """The scope of one backend call: AOTAutograd configured to bundle our graphs."""
     token = _active_options.set(options)
     try:
-        with torch._functorch.config.patch(
-            bundled_autograd_cache=True, force_non_lazy_backward_lowering=True
+        with (
+            torch._functorch.config.patch(
+                bundled_autograd_cache=True, force_non_lazy_backward_lowering=True
+            ),
+            _without_codegen_registration(),
         ):
             yield
     finally:
         _active_options.reset(token)
+
+
+@contextlib.contextmanager
+def _without_codegen_registration() -> Iterator[None]:
+    """torch's cache key computed without importing Inductor's code generators (see above)."""
+    from torch._inductor import codecache
+
+    registration = codecache.init_backend_registration
+    codecache.init_backend_registration = lambda: None
+    try:
+        yield
+    finally:
+        codecache.init_backend_registration = registration
