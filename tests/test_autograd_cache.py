@@ -7,8 +7,8 @@ second compile finds only the two disk caches (torch's AOTAutograd entries, our 
 from __future__ import annotations
 
 import copy
-import os
 import logging
+import os
 import shutil
 import subprocess
 import sys
