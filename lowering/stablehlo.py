@@ -90,6 +90,8 @@ def lower(
     """Lower `gm` for `inputs` (tensors or fake tensors, and concrete ints) on `platform`."""
     import jax
 
+    from .prng import threefry_unrolled
+
     runner = GraphRunner(gm, x64=x64, platform=platform)
     tensor_inputs, specs = tensor_input_specs(inputs)
     passed_through = _passed_through_inputs(gm, tensor_inputs)
@@ -99,7 +101,8 @@ def lower(
         values = list(inputs)
         if runner.uses_rng:
             seed, args = args[0], args[1:]
-            base = jax.random.wrap_key_data(jax.lax.bitcast_convert_type(seed, jax.numpy.uint32))
+            data = jax.lax.bitcast_convert_type(seed, jax.numpy.uint32)
+            base = jax.random.wrap_key_data(data, impl=threefry_unrolled())
             rng = lambda index: jax.random.fold_in(base, index)  # noqa: E731
         else:
             rng = None
