@@ -246,14 +246,23 @@ class CompiledGraph:
         self.device = device
         self.graph_key = graph_key  # the compile cache's key of graph and inputs, if cached
         self._transfer = _Transfer(device)
-        self._inputs = tuple(  # (graph input position, dtype to cast to first, or None)
-            (position, module_dtype if spec.dtype != module_dtype else None)
-            for position, spec, module_dtype in zip(
-                lowered.tensor_inputs, lowered.input_specs, lowered.module_input_dtypes
+        inputs = [  # (argument slot, graph input position, dtype to cast to first, or None)
+            (slot, position, module_dtype if spec.dtype != module_dtype else None)
+            for slot, (position, spec, module_dtype) in enumerate(
+                zip(lowered.tensor_inputs, lowered.input_specs, lowered.module_input_dtypes)
             )
-        )
-        self._static = frozenset(static_inputs) & set(lowered.tensor_inputs)
-        self._resident: dict[int, tuple[torch.Tensor, int, int, Any]] = {}
+        ]
+        static = frozenset(static_inputs)
+        self._per_call = tuple(entry for entry in inputs if entry[1] not in static)
+        self._resident_inputs = tuple(entry for entry in inputs if entry[1] in static)
+        self._resident_positions = tuple(position for _, position, _ in self._resident_inputs)
+        # Parameters and buffers stay on the device while their stamp holds: (identity, version,
+        # storage) of each; `param.data = other` keeps the object and the version, not the
+        # storage. The arguments list holds their arrays, and the tensors are kept alive so
+        # that an identity cannot be reused.
+        self._resident_stamp: list[tuple[int, int, int]] = []
+        self._resident_tensors: list[torch.Tensor] = []
+        self._arguments: list[Any] = [None] * len(inputs)
         self._output_casts = tuple(
             spec.dtype if spec.dtype != module_dtype else None
             for spec, module_dtype in zip(lowered.output_specs, lowered.module_output_dtypes)
@@ -261,13 +270,12 @@ class CompiledGraph:
         self._slots = tuple((slot.result, slot.input, slot.value) for slot in lowered.outputs)
 
     def __call__(self, args: list) -> list:
+        if self._resident_positions:
+            self._refresh_resident(args)
+        arrays = self._arguments.copy()
         to_device = self._transfer.to_device
-        arrays = [
-            self._resident_argument(args[position], position, cast)
-            if position in self._static
-            else to_device(args[position] if cast is None else args[position].to(cast))
-            for position, cast in self._inputs
-        ]
+        for slot, position, cast in self._per_call:
+            arrays[slot] = to_device(args[position] if cast is None else args[position].to(cast))
         if self.lowered.uses_rng:
             seed = torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32)
             arrays.insert(0, to_device(seed))
@@ -286,20 +294,20 @@ class CompiledGraph:
         args.clear()
         return returned
 
-    def _resident_argument(self, tensor: torch.Tensor, position: int, cast):
-        """A parameter's device array, re-sent only when the tensor, its version or its storage
-        changed (`param.data = other` keeps the object and the version, not the storage)."""
-        cached = self._resident.get(position)
-        if (
-            cached is not None
-            and cached[0] is tensor
-            and cached[1] == tensor._version
-            and cached[2] == tensor.data_ptr()
+    def _refresh_resident(self, args: list) -> None:
+        """Send again the parameters whose stamp changed (none, on a steady-state call)."""
+        tensors = [args[position] for position in self._resident_positions]
+        stamp = [(id(tensor), tensor._version, tensor.data_ptr()) for tensor in tensors]
+        if stamp == self._resident_stamp:
+            return
+        previous = self._resident_stamp or [None] * len(stamp)
+        for (slot, _, cast), tensor, now, before in zip(
+            self._resident_inputs, tensors, stamp, previous
         ):
-            return cached[3]
-        array = self._transfer.to_device(tensor if cast is None else tensor.to(cast))
-        self._resident[position] = (tensor, tensor._version, tensor.data_ptr(), array)
-        return array
+            if now != before:
+                value = tensor if cast is None else tensor.to(cast)
+                self._arguments[slot] = self._transfer.to_device(value)
+        self._resident_stamp, self._resident_tensors = stamp, tensors
 
 
 def _host_tensor(array) -> torch.Tensor:
