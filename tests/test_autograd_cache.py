@@ -165,7 +165,8 @@ def test_cache_key_does_not_import_inductor_code_generators(tmp_path):
         "loaded = [m for m in codegen if m in sys.modules]\n"
         "assert not loaded, loaded\n"
         "from torch._inductor import codecache\n"
-        "assert hasattr(codecache.init_backend_registration, 'cache_clear')  # restored\n"
+        "codecache.init_backend_registration()  # outside our backend call: registers\n"
+        "assert all(m in sys.modules for m in codegen)\n"
         "print('ok')\n"
     )
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch")}

@@ -19,8 +19,9 @@ training graph's entry is written while this module's configuration is in force.
 
 Computing the key, torch registers Inductor's code generators for every device (to hash their
 custom passes), which imports Inductor's codegen: about 0.6 s of every first call, cold or warm,
-for code generators we never run. `active` skips that registration inside our backend call; the
-key then hashes the custom passes registered so far (none, unless Inductor ran in this process),
+for code generators we never run. `active` skips that registration inside our backend call (a
+switch in front of torch's function, per thread and task, installed at the first call); the key
+then hashes the custom passes registered so far (none, unless Inductor ran in this process),
 which can only make a key differ from another process's, never match one it should not.
 """
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -38,6 +40,10 @@ from .config import Options
 
 # The options of the backend call in progress: AOTAutograd calls `post_compile` inside it.
 _active_options: contextvars.ContextVar[Options] = contextvars.ContextVar("tpu_inductor_options")
+# Whether torch's cache key skips registering Inductor's code generators (see above).
+_skip_codegen_registration: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "tpu_inductor_skip_codegen_registration", default=False
+)
 
 
 class CachedGraph(OutputCode):
@@ -118,11 +124,22 @@ def active(options: Options) -> Iterator[None]:
 @contextlib.contextmanager
 def _without_codegen_registration() -> Iterator[None]:
     """torch's cache key computed without importing Inductor's code generators (see above)."""
-    from torch._inductor import codecache
-
-    registration = codecache.init_backend_registration
-    codecache.init_backend_registration = lambda: None
+    _install_registration_switch()
+    token = _skip_codegen_registration.set(True)
     try:
         yield
     finally:
-        codecache.init_backend_registration = registration
+        _skip_codegen_registration.reset(token)
+
+
+@functools.cache
+def _install_registration_switch() -> None:
+    from torch._inductor import codecache
+
+    register = codecache.init_backend_registration
+
+    def init_backend_registration() -> None:
+        if not _skip_codegen_registration.get():
+            register()
+
+    codecache.init_backend_registration = init_backend_registration
