@@ -43,7 +43,10 @@ def _random_bits(key, bit_width: int, shape: tuple[int, ...]):
     """jax's partitionable threefry bits: element i hashes the 64-bit counter i."""
     size = math.prod(shape)
     if size >= 2**32:
-        raise NotImplementedError(f"random bits for {size} elements (at most 2**32 - 1)")
+        raise NotImplementedError(
+            f"random bits for {size} elements: at most 2**32 - 1 per random op; draw the tensor "
+            "in smaller pieces (e.g. torch.rand per chunk) and concatenate"
+        )
     counters = lax.iota(jnp.uint32, size).reshape(shape)
     high, low = threefry2x32(key[0], key[1], jnp.zeros_like(counters), counters)
     dtype = _UINT[bit_width]

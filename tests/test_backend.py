@@ -251,8 +251,6 @@ def test_cli_version_and_devices():
 
 
 def test_parameters_are_transferred_once_not_per_call(monkeypatch):
-    from tpu_inductor import runtime
-
     sent: list[tuple[int, ...]] = []
     to_device = runtime._Transfer.to_device
 

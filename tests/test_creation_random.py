@@ -2,16 +2,20 @@
 
 Random numbers come from jax.random keyed from torch's generator, so they are not bitwise
 eager's: the checks are moments (mean/var within a tolerance for n samples), that successive
-calls differ, and that torch.manual_seed makes a run repeat.
+calls differ, and that torch.manual_seed makes a run repeat. The unrolled threefry behind them
+is checked bit for bit against jax's own.
 """
 
 from __future__ import annotations
 
+import jax
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
+from tpu_inductor.lowering.prng import threefry_unrolled
 from tpu_inductor.lowering.stablehlo import lower
 
 from tests.helpers import check_against_eager, compile_aten
@@ -99,10 +103,6 @@ def test_manual_seed_repeats():
     bits=st.sampled_from([8, 16, 32]),
 )
 def test_unrolled_threefry_gives_jax_threefry_bits(key, shape, bits):
-    import jax
-    import numpy as np
-    from tpu_inductor.lowering.prng import threefry_unrolled
-
     data = jax.numpy.asarray(np.array(key, np.uint32))
     ours = jax.random.wrap_key_data(data, impl=threefry_unrolled())
     theirs = jax.random.wrap_key_data(data)
@@ -121,10 +121,6 @@ def test_unrolled_threefry_gives_jax_threefry_bits(key, shape, bits):
 
 
 def test_unrolled_threefry_64_bit_words():
-    import jax
-    import numpy as np
-    from tpu_inductor.lowering.prng import threefry_unrolled
-
     data = jax.numpy.asarray(np.array([3, 11], np.uint32))
     with jax.enable_x64(True):
         theirs = jax.random.bits(jax.random.wrap_key_data(data), (33,), np.uint64)
