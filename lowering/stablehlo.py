@@ -90,8 +90,11 @@ def lower(
     """Lower `gm` for `inputs` (tensors or fake tensors, and concrete ints) on `platform`."""
     import jax
 
+    from . import specialize
     from .prng import threefry_unrolled
 
+    if specialize.is_symbolic(gm):
+        gm = specialize.with_concrete_sizes(gm, inputs)
     runner = GraphRunner(gm, x64=x64, platform=platform)
     tensor_inputs, specs = tensor_input_specs(inputs)
     passed_through = _passed_through_inputs(gm, tensor_inputs)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ..exc import FrontendUnavailableError, LoweringError
+from . import specialize
 from .interpreter import flatten
 from .stablehlo import LoweredModule, OutputSlot, TensorSpec, tensor_input_specs
 
@@ -62,6 +63,8 @@ def lower(
 ) -> LoweredModule:
     """Lower `gm` for `inputs` (tensors or fake tensors, and concrete ints) via torch-mlir."""
     fx = require()
+    if specialize.is_symbolic(gm):
+        gm = specialize.with_concrete_sizes(gm, inputs)
     tensor_inputs, specs = tensor_input_specs(inputs)
     try:
         graph, structure = _stateless_graph(gm, inputs, tensor_inputs, specs, fx)

@@ -152,6 +152,26 @@ def test_symbolic_sizes_compile_per_size_and_log_it(caplog):
     assert any("recompiling for new input sizes" in r.getMessage() for r in caplog.records)
 
 
+def test_symbolic_graph_is_lowered_at_each_size_not_the_first_traced():
+    """Rules read result shapes from node metadata: of a symbolic graph, for the size compiled."""
+    pos = torch.nn.Embedding(32, 4)
+    norm = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.LayerNorm(8))
+
+    def f(x, y):
+        return (
+            x.new_zeros(x.shape[0] + 1),
+            torch.full((x.shape[0], 2), 3.0),
+            x + pos(torch.arange(x.shape[0])),
+            norm(y),
+        )
+
+    compiled = _compile(f)
+    for n in (3, 5, 7, 9):  # 5: automatic dynamic makes the graph symbolic; 7, 9: its sizes
+        x, y = torch.randn(n, 4), torch.randn(n, 6)
+        for got, want in zip(compiled(x, y), f(x, y)):
+            assert_same(got, want)
+
+
 def test_input_mutation_is_written_back():
     def f(buf, x):
         buf.add_(x)

@@ -1,0 +1,63 @@
+"""A graph with symbolic sizes made static for one set of concrete inputs.
+
+Dynamo hands over graphs whose node metadata (`meta["val"]`) holds sizes as symbols (`s0`, `2*s0
++ 1`); lowering rules read result shapes from that metadata. Evaluated as plain ints, the
+symbols give the sizes of the trace that made the graph, not of the inputs being compiled for:
+`new_zeros(n + 1)` would keep the first trace's length. So a symbolic graph is first copied with
+its metadata propagated again through fake tensors of the concrete inputs: every rule, and the
+interpreter's shape checks, then see the sizes being compiled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from copy import deepcopy
+from typing import Any
+
+import torch
+
+from ..exc import LoweringError
+
+
+def is_symbolic(gm: torch.fx.GraphModule) -> bool:
+    """Whether any node's metadata holds a symbolic size or value."""
+    for node in gm.graph.nodes:
+        for value in _flat_values(node.meta.get("val")):
+            if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                return True
+            if isinstance(value, torch.Tensor) and not all(
+                isinstance(d, int) for d in value.shape
+            ):
+                return True
+    return False
+
+
+def with_concrete_sizes(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> torch.fx.GraphModule:
+    """A copy of `gm` whose metadata is recomputed for `inputs` (tensors and plain numbers)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    copy = torch.fx.GraphModule(gm, deepcopy(gm.graph))  # nodes copied, their meta shallowly
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:  # real or fake inputs alike: only their sizes, strides and dtypes matter
+        fakes = [
+            torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
+            if isinstance(v, torch.Tensor)
+            else v
+            for v in inputs
+        ]
+    try:
+        FakeTensorProp(copy, mode).propagate_dont_convert_inputs(*fakes)
+    except Exception as e:  # any op's meta kernel may refuse: say which sizes, and what to do
+        shapes = [tuple(v.shape) if isinstance(v, torch.Tensor) else v for v in inputs]
+        raise LoweringError(
+            f"could not specialize a graph with symbolic sizes to the inputs {shapes}: {e}. "
+            "Compile with static shapes (torch.compile(..., dynamic=False)) or report the graph."
+        ) from e
+    return copy
+
+
+def _flat_values(value) -> list:
+    if isinstance(value, (tuple, list)):
+        return [v for item in value for v in _flat_values(item)]
+    return [value]
