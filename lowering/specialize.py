@@ -25,9 +25,7 @@ def is_symbolic(gm: torch.fx.GraphModule) -> bool:
         for value in _flat_values(node.meta.get("val")):
             if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
                 return True
-            if isinstance(value, torch.Tensor) and not all(
-                isinstance(d, int) for d in value.shape
-            ):
+            if isinstance(value, torch.Tensor) and not all(isinstance(d, int) for d in value.shape):
                 return True
     return False
 
