@@ -127,13 +127,19 @@ class LoweringContext:
         return self.jax_dtype(result)
 
     def compute_dtype(self):
-        """The dtype an elementwise op computes in: the result's if floating, else promoted."""
+        """The dtype an elementwise op computes in: the result's if floating, else promoted.
+
+        A real result of complex arguments (abs, angle) is computed on the complex values.
+        """
         import jax.numpy as jnp
 
         out = self.out_dtype
-        if jnp.issubdtype(out, jnp.inexact):
+        if jnp.issubdtype(out, jnp.complexfloating):
             return out
-        return self.promoted_dtype()
+        promoted = self.promoted_dtype()
+        if jnp.issubdtype(out, jnp.floating) and not jnp.issubdtype(promoted, jnp.complexfloating):
+            return out
+        return promoted
 
     def rng_key(self):
         """A jax PRNG key unique to this node, derived from the per-call seed input."""

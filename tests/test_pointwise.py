@@ -207,3 +207,21 @@ def test_where_and_clamp(shapes, dtype, seed):
         "clamp_max": lambda c, a, b, lo, hi: torch.clamp_max(a, 1),
     }
     check_many_against_eager(fns, cond, a, b, lo, hi, tolerance=_tol)
+
+
+def test_complex_operands():
+    """Complex arguments, including real results of them (abs: the modulus, not |real|)."""
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(2, 5, dtype=torch.complex64, generator=gen) * 2
+    w = torch.randn(2, 5, dtype=torch.complex64, generator=gen) + 0.5
+    x = torch.randn(5, generator=gen)
+    tol = lambda name, dtype: {"rtol": 1e-5, "atol": 1e-5}  # noqa: E731
+    unary = {n: f for n, f in UNARY.items() if _accepts("unary", n, torch.complex64)}
+    fns = {n: lambda z, w, x, f=f: f(z) for n, f in unary.items()}
+    for n, f in BINARY.items():
+        if _accepts("binary", n, torch.complex64, torch.complex64):
+            fns[n] = lambda z, w, x, f=f: f(z, w)
+        if _accepts("binary", n, torch.complex64, torch.float32):
+            fns[f"{n}_real"] = lambda z, w, x, f=f: f(z, x)
+    assert {"abs", "sgn", "mul", "div"} <= set(fns)
+    check_many_against_eager(fns, z, w, x, tolerance=tol)
