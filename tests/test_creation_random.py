@@ -74,6 +74,17 @@ def test_random_statistics(name):
     assert not torch.equal(first, second.float()), "successive calls drew the same numbers"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_uniform_never_reaches_its_upper_bound(dtype):
+    """[low, high) in the result dtype: a draw just below 1 must not round up to 1."""
+    x = torch.zeros(200_000, dtype=dtype)
+    fn = lambda x: (torch.rand_like(x), x.uniform_(-1.0, 1.0))  # noqa: E731
+    unit, signed = compile_aten(fn, (x.clone(),))(x)
+    assert 0 <= unit.min() and unit.max() < 1 and -1 <= signed.min() and signed.max() < 1
+    if dtype.itemsize == 2:  # 200k draws reach the top of a 16-bit grid, as eager's do
+        assert unit.max() >= 1 - torch.finfo(dtype).eps
+
+
 def test_dropout_keeps_what_it_scales():
     x = torch.randn(1000)
     out, mask = compile_aten(lambda x: torch.ops.aten.native_dropout(x, 0.4, True), (x,))(x)

@@ -25,7 +25,17 @@ def _standard(ctx, sampler):
 
 @register_lowering(aten.rand.default, aten.rand_like.default, needs_ctx=True, uses_rng=True)
 def rand(ctx, *_args, **_kw):
-    return _standard(ctx, jax.random.uniform).astype(ctx.out_dtype)
+    return _uniform(ctx, 0.0, 1.0)
+
+
+def _uniform(ctx, low, high):
+    """Samples in [low, high) of the node's dtype: drawn in the accumulation dtype and rounded
+    down into it (to nearest, a 16-bit draw just below `high` would become `high`)."""
+    dtype = ctx.out_dtype
+    wide = _standard(ctx, lambda k, s, d: jax.random.uniform(k, s, d, minval=low, maxval=high))
+    narrow = wide.astype(dtype)
+    below = jnp.nextafter(narrow, jnp.asarray(-jnp.inf, dtype))
+    return jnp.where(narrow.astype(wide.dtype) > wide, below, narrow)
 
 
 @register_lowering(aten.randn.default, aten.randn_like.default, needs_ctx=True, uses_rng=True)
@@ -81,8 +91,7 @@ def _open_uniform(ctx):
 
 @register_lowering(aten.uniform.default, needs_ctx=True, uses_rng=True)
 def uniform(ctx, x, low=0.0, high=1.0, *, generator=None):
-    values = _standard(ctx, lambda k, s, d: jax.random.uniform(k, s, d, minval=low, maxval=high))
-    return values.astype(ctx.out_dtype)
+    return _uniform(ctx, low, high)
 
 
 @register_lowering(
