@@ -270,7 +270,7 @@ def test_cli_version_and_devices():
     assert out.stdout.startswith("tpu-inductor ")
 
 
-def test_parameters_are_transferred_once_not_per_call(monkeypatch):
+def _count_transfers(monkeypatch) -> list[tuple[int, ...]]:
     sent: list[tuple[int, ...]] = []
     to_device = runtime._Transfer.to_device
 
@@ -279,6 +279,25 @@ def test_parameters_are_transferred_once_not_per_call(monkeypatch):
         return to_device(self, tensor)
 
     monkeypatch.setattr(runtime._Transfer, "to_device", counting)
+    return sent
+
+
+def _copying_transfers(monkeypatch) -> None:
+    """Transfers as on an accelerator: every array a copy (device_put), none reads torch's memory."""
+    init = runtime._Transfer.__init__
+
+    def copying(self, device):
+        init(self, device)
+        self.on_cpu = False
+
+    monkeypatch.setattr(runtime._Transfer, "__init__", copying)
+
+
+@pytest.mark.parametrize("copies", [False, True], ids=["cpu_zero_copy", "accelerator_copies"])
+def test_parameters_are_transferred_once_not_per_call(monkeypatch, copies):
+    if copies:
+        _copying_transfers(monkeypatch)
+    sent = _count_transfers(monkeypatch)
     model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(5)])  # 10 parameters
     compiled = _compile(model)
     x = torch.randn(2, 4)
@@ -287,12 +306,52 @@ def test_parameters_are_transferred_once_not_per_call(monkeypatch):
         first = len(sent)
         sent.clear()
         assert_same(compiled(x), model(x))
-    assert first >= 11 and sent == [(2, 4)], sent  # second call: only the activation
-    with torch.no_grad():
-        model[0].weight.add_(1)  # a new version is re-sent, the others stay resident
+        assert first >= 11 and sent == [(2, 4)], sent  # second call: only the activation
+        model[0].weight.add_(1)  # a copy is sent again (a new version); zero-copy reads it
         sent.clear()
         assert_same(compiled(x), model(x))
-    assert sorted(sent) == [(2, 4), (4, 4)], sent
+        assert sorted(sent) == ([(2, 4), (4, 4)] if copies else [(2, 4)]), sent
+        model[1].weight.data = torch.randn(4, 4)  # another storage: sent again either way
+        sent.clear()
+        assert_same(compiled(x), model(x))
+        assert sorted(sent) == [(2, 4), (4, 4)], sent
+
+
+def _write_through_data(model):
+    model[0].weight.data.mul_(2)  # bypasses the version counter
+
+
+def _write_flat_buffer(model):
+    flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    torch.nn.utils.vector_to_parameters(flat, model.parameters())  # misaligned views of flat
+    return flat
+
+
+def test_cpu_parameters_see_writes_that_bypass_the_version_counter():
+    """Zero-copy arrays read the memory; copies (channels_last, misaligned views) are re-sent."""
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3)).to(memory_format=torch.channels_last)
+    linear = nn.Sequential(nn.Linear(3, 3))
+    flat = _write_flat_buffer(linear)
+    x, y = torch.randn(1, 3, 5, 5), torch.randn(2, 3)
+    compiled_conv, compiled_linear = _compile(conv), _compile(linear)
+    with torch.no_grad():
+        compiled_conv(x), compiled_linear(y)
+        _write_through_data(conv)
+        _write_through_data(linear)
+        flat.add_(1.0)
+        assert_same(compiled_conv(x), conv(x))
+        assert_same(compiled_linear(y), linear(y))
+
+
+@pytest.mark.parametrize("copies", [False, True], ids=["cpu_zero_copy", "accelerator_copies"])
+def test_inference_tensor_parameters(monkeypatch, copies):
+    """Parameters made under inference_mode have no version counter."""
+    if copies:
+        _copying_transfers(monkeypatch)
+    with torch.inference_mode():
+        model = nn.Linear(4, 4)
+        x = torch.randn(2, 4)
+        assert_same(_compile(model)(x), model(x))
 
 
 def test_cpu_convolutions_are_not_given_to_ynnpack(tmp_path):

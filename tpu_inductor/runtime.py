@@ -2,7 +2,7 @@
 
 `CompiledGraph.__call__` is the hot path. Everything that can be decided once is decided in
 `__init__`: which inputs cross as tensors, which need a dtype cast, which are parameters kept
-resident on the device (re-sent only when their version changes), how outputs are rebuilt.
+resident on the device (re-sent only when they change), how outputs are rebuilt.
 
 On the CPU platform tensors cross zero-copy through dlpack when they are contiguous and
 aligned; anything else (a transposed or sliced view) is copied to a fresh contiguous tensor
@@ -220,6 +220,10 @@ class _Transfer:
 
         return jax.device_put(array, self.device)
 
+    def aliases(self, array, tensor: torch.Tensor) -> bool:
+        """Whether `array` reads `tensor`'s memory (a zero-copy transfer), not a copy of it."""
+        return self.on_cpu and array.unsafe_buffer_pointer() == tensor.data_ptr()
+
     def to_torch(self, array) -> torch.Tensor:
         """A CPU torch tensor of a device array (zero-copy on CPU)."""
         if not self.on_cpu:
@@ -256,12 +260,12 @@ class CompiledGraph:
         self._per_call = tuple(entry for entry in inputs if entry[1] not in static)
         self._resident_inputs = tuple(entry for entry in inputs if entry[1] in static)
         self._resident_positions = tuple(position for _, position, _ in self._resident_inputs)
-        # Parameters and buffers stay on the device while their stamp holds: (identity, version,
-        # storage) of each; `param.data = other` keeps the object and the version, not the
-        # storage. The arguments list holds their arrays, and the tensors are kept alive so
-        # that an identity cannot be reused.
-        self._resident_stamp: list[tuple[int, int, int]] = []
+        # Parameters and buffers stay on the device while their stamp holds (see
+        # `_refresh_resident`). The arguments list holds their arrays, and the tensors are kept
+        # alive so that an identity or a storage cannot be reused.
+        self._resident_stamp: list = []
         self._resident_tensors: list[torch.Tensor] = []
+        self._resident_copies: frozenset[int] = frozenset()  # CPU copies: sent on every call
         self._arguments: list[Any] = [None] * len(inputs)
         self._output_casts = tuple(
             spec.dtype if spec.dtype != module_dtype else None
@@ -295,26 +299,50 @@ class CompiledGraph:
         return returned
 
     def _refresh_resident(self, args: list) -> None:
-        """Send again the parameters whose stamp changed (none, on a steady-state call)."""
+        """Send again the parameters that changed (none, on a steady-state call).
+
+        CPU: a zero-copy array reads the tensor's memory, so whatever writes it (an optimizer,
+        `.data`, inference mode, a flat buffer the parameters view) is seen; only another
+        storage (`param.data = other`) is sent again. A CPU copy (a non-contiguous, misaligned
+        or cast parameter) is sent on every call, for the same writes. Other devices hold
+        copies, sent again when (identity, version, storage) changes: a write that bypasses the
+        version counter (through `.data`, or to an inference tensor) is not seen there.
+        """
         tensors = [args[position] for position in self._resident_positions]
-        stamp = [(id(tensor), tensor._version, tensor.data_ptr()) for tensor in tensors]
-        if stamp == self._resident_stamp:
+        if self._transfer.on_cpu:
+            stamp = [tensor.data_ptr() for tensor in tensors]
+        else:
+            stamp = [(id(t), _version(t), t.data_ptr()) for t in tensors]
+        if stamp == self._resident_stamp and not self._resident_copies:
             return
         previous = self._resident_stamp or [None] * len(stamp)
-        for (slot, _, cast), tensor, now, before in zip(
-            self._resident_inputs, tensors, stamp, previous
+        copies = []
+        for index, ((slot, _, cast), tensor, now, before) in enumerate(
+            zip(self._resident_inputs, tensors, stamp, previous)
         ):
-            if now != before:
+            if now != before or index in self._resident_copies:
                 value = tensor if cast is None else tensor.to(cast)
-                self._arguments[slot] = self._transfer.to_device(value)
+                array = self._transfer.to_device(value)
+                self._arguments[slot] = array
+                if self._transfer.on_cpu and not self._transfer.aliases(array, tensor):
+                    copies.append(index)
         self._resident_stamp, self._resident_tensors = stamp, tensors
+        self._resident_copies = frozenset(copies)
+
+
+def _version(tensor: torch.Tensor) -> int:
+    """A tensor's version counter (inference tensors have none: -1)."""
+    return -1 if tensor.is_inference() else tensor._version
 
 
 def _host_tensor(array) -> torch.Tensor:
-    """Copy a device array to a CPU torch tensor (bfloat16 through its bits)."""
+    """Copy a device array to a CPU torch tensor (bfloat16 through its bits).
+
+    jax's host copy is read-only and jax's own: the tensor gets a writable copy of it.
+    """
     import numpy as np
 
-    host = np.asarray(array)
+    host = np.array(array, copy=True, order="C")
     if host.dtype.name == "bfloat16":
         return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(np.ascontiguousarray(host))
+    return torch.from_numpy(host)
