@@ -133,6 +133,37 @@ def test_unsupported_op_falls_back_to_eager_with_one_warning(caplog):
     assert len(warnings) == 1 and "tpu_inductor_test.unlowered.default x1" in warnings[0]
 
 
+@torch.library.custom_op("tpu_inductor_test::unlowered_sub", mutates_args=())
+def unlowered_sub(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a - b
+
+
+@unlowered_sub.register_fake
+def _(a, b):
+    return torch.empty_like(a)
+
+
+def test_split_graph_writes_inputs_back_after_the_eager_ops_that_read_them():
+    """A buffer read by an eager op, then updated in place: the op sees the old value (the
+    compiled region before it, which computes the update, must not write it back early)."""
+
+    class Running(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("running", torch.ones(4))
+
+        def forward(self, x):
+            h = x * 2
+            out = unlowered_sub(h, self.running)  # the buffer before the update below
+            self.running.mul_(0.5).add_(h.mean(0), alpha=0.5)
+            return out
+
+    model, reference = Running(), Running()
+    x = torch.full((2, 4), 3.0)
+    assert_same(_compile(model)(x), reference(x))
+    assert_same(model.running, reference.running)
+
+
 def test_strict_mode_lists_missing_op_with_source_line():
     f = _compile(_uses_unsupported_op, fallback="error")
     message = str(_backend_error(UnsupportedOpError, f, torch.randn(16)))

@@ -105,10 +105,14 @@ def _compile_partitioned(gm, options: Options, device, name: str) -> torch.fx.Gr
 
     from .lowering import registry
 
-    support = create_op_support(
-        lambda _modules, node: registry.supported(node, device.lowering_platform)
+    def supported(_modules, node) -> bool:
+        if node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder":
+            return False  # a write into an input stays in graph order: eager ops read it before
+        return registry.supported(node, device.lowering_platform)
+
+    partitioner = CapabilityBasedPartitioner(
+        gm, create_op_support(supported), allows_single_node_partition=True
     )
-    partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     partitions = [p for p in partitioner.propose_partitions() if _has_computation(p.nodes)]
     fused = partitioner.fuse_partitions(partitions)
     debug.graph_stage(name, "partitioned", fused, options)
