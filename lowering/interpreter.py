@@ -129,7 +129,7 @@ class LoweringContext:
     def compute_dtype(self):
         """The dtype an elementwise op computes in: the result's if floating, else promoted.
 
-        A real result of complex arguments (abs, angle) is computed on the complex values.
+        A real result of complex arguments (abs) is computed on the complex values.
         """
         import jax.numpy as jnp
 
