@@ -29,7 +29,7 @@ class Pass:
     fn: Callable[[torch.fx.GraphModule, collections.Counter], torch.fx.GraphModule]
 
 
-PASSES: tuple[Pass, ...] = (Pass("cleanup", 1, cleanup.run),)
+PASSES: tuple[Pass, ...] = (Pass("cleanup", 2, cleanup.run),)
 
 
 def pass_fingerprint(disabled: Iterable[str] = ()) -> tuple[tuple[str, int], ...]:

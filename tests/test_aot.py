@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_flatten
+from tpu_inductor.passes import pipeline
 
 from tpu_inductor import aot, cli
 from tpu_inductor.exc import ArtifactError, InputMismatchError, OptionError
@@ -193,3 +194,145 @@ def test_lowering_for_tpu_is_produced_on_this_machine(tmp_path):
     assert aot._from_portable(tmp_path / "buckets/0")  # the portable bytes deserialize
     with pytest.raises(ArtifactError, match="built for 'tpu'.*--platform cpu"):
         aot.load(tmp_path)
+
+
+def test_inputs_given_twice_are_refused_at_compile_and_at_call(artifact, tmp_path):
+    spec = aot.parse_input("ids:int64[2,4]")
+    with pytest.raises(OptionError, match=r"--input 'ids' is given 2 times"):
+        aot.compile_model(make_model(), [spec, spec], tmp_path / "dup")
+    assert not (tmp_path / "dup").exists()
+    ids, x = _example(3).values()
+    with pytest.raises(InputMismatchError, match=r"input 'ids' .* given twice"):
+        aot.load(artifact)(ids, x, ids=ids)
+
+
+def test_input_count_is_checked_against_forward(tmp_path):
+    with pytest.raises(
+        OptionError, match=r"forward\(ids, x\) takes 2 inputs; got 1 --input \(ids\)"
+    ):
+        aot.compile_model(make_model(), _INPUTS[:1], tmp_path, buckets={"S": (3,)})
+
+
+class _Cast(nn.Module):
+    """`.float()` and `.to(dtype)`: torch.export leaves an _assert_tensor_metadata per cast."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, ids):
+        return self.lin(ids.float()).to(torch.float16)
+
+
+def test_dtype_casts_compile_ahead_of_time(tmp_path):
+    torch.manual_seed(0)
+    model = _Cast().eval()
+    removed = pipeline.counters["cleanup.assert_removed"]
+    aot.compile_model(model, [aot.parse_input("ids:int64[2,4]")], tmp_path)
+    assert pipeline.counters["cleanup.assert_removed"] >= removed + 2  # one per cast
+    ids = torch.arange(8).reshape(2, 4)
+    with torch.no_grad():
+        assert_same(aot.load(tmp_path)(ids), model(ids))
+
+
+def test_saved_exported_program_compiles(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU()).eval()
+    x = torch.randn(2, 16)
+    torch.export.save(torch.export.export(model, (x,)), tmp_path / "m.pt2")
+    out = tmp_path / "art"
+    args = ["compile", str(tmp_path / "m.pt2"), "--input", "x:float32[2,16]", "--out", str(out)]
+    assert cli.main(args) == 0
+    with torch.no_grad():
+        assert_same(aot.load(out)(x), model(x))
+    with pytest.raises(OptionError, match=r"nope.pt2 does not exist"):
+        aot.load_target(str(tmp_path / "nope.pt2"))
+
+
+class _Pair(nn.Module):
+    def forward(self, a, b):
+        return a * 2 + b
+
+
+def test_inputs_from_different_buckets_name_the_dim(tmp_path):
+    specs = [aot.parse_input("a:float32[B,4]"), aot.parse_input("b:float32[B,4]")]
+    aot.compile_model(_Pair(), specs, tmp_path, buckets={"B": (2, 4)})
+    loaded = aot.load(tmp_path)
+    with pytest.raises(InputMismatchError, match=r"disagree on dim 'B': 'a' has B=4, 'b' has B=2"):
+        loaded(torch.ones(4, 4), torch.ones(2, 4))
+    assert_same(loaded(torch.ones(4, 4), torch.ones(4, 4)), torch.full((4, 4), 3.0))
+
+
+class _Broken(nn.Module):
+    def forward(self, x):
+        raise RuntimeError("this model fails to trace")
+
+
+def test_out_directory_is_new_empty_or_a_previous_artifact(tmp_path):
+    spec = [aot.parse_input("a:float32[B,4]"), aot.parse_input("b:float32[B,4]")]
+    notes = tmp_path / "notes"
+    (notes / "sub").mkdir(parents=True)
+    (notes / "sub" / "todo.txt").write_text("mine")
+    with pytest.raises(OptionError, match=r"notes is a directory that holds other files"):
+        aot.compile_model(_Pair(), spec, notes, buckets={"B": (2,)})
+    assert [p.name for p in notes.iterdir()] == ["sub"]
+    out = tmp_path / "art"
+    aot.compile_model(_Pair(), spec, out, buckets={"B": (2, 4)})
+    aot.compile_model(_Pair(), spec, out, buckets={"B": (4,)})  # replaces the first
+    files = aot.read_manifest(out)["files"]
+    assert not (out / "buckets/1").exists() and not any(f.startswith("buckets/1") for f in files)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art", "notes"]  # no staging left
+    with pytest.raises(RuntimeError, match="fails to trace"):
+        aot.compile_model(_Broken(), spec[:1], tmp_path / "failed", buckets={"B": (2,)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art", "notes"]
+
+
+def _rewrite_manifest(directory, change):
+    manifest = json.loads((directory / "manifest.json").read_text())
+    change(manifest)
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (lambda m: m.pop("platform"), "field 'platform' is missing"),
+        (lambda m: m.__setitem__("files", []), "field 'files' is .*expected a dict"),
+        (lambda m: m.pop("entries"), "field 'entries' is missing"),
+        (lambda m: m["entries"][0].pop("executable"), r"entries\[0\].executable"),
+        (lambda m: m["entries"][0].pop("graph_inputs"), r"entries\[0\].graph_inputs"),
+        (lambda m: m["entries"][1].pop("sizes"), r"entries\[1\].sizes"),
+        (lambda m: m["inputs"][0].pop("shape"), r"inputs\[0\]"),
+        (lambda m: m["entries"][0]["lowered"].pop("output_specs"), r"entries\[0\].lowered"),
+    ],
+)
+def test_manifest_with_missing_or_ill_typed_fields_is_an_artifact_error(
+    artifact, tmp_path, change, problem
+):
+    directory = _copy(artifact, tmp_path)
+    _rewrite_manifest(directory, change)
+    with pytest.raises(ArtifactError, match=rf"manifest.json is malformed: {problem}.*rebuild"):
+        aot.load(directory)(**_example(3))
+    assert cli.main(["inspect", str(directory)]) == 2
+
+
+def test_manifest_naming_an_absent_weight_is_an_artifact_error(artifact, tmp_path):
+    directory = _copy(artifact, tmp_path)
+    _rewrite_manifest(directory, lambda m: m["entries"][0]["graph_inputs"][0].update(weight="w9"))
+    with pytest.raises(ArtifactError, match=r"weights.safetensors lacks the weights \['w9'\]"):
+        aot.load(directory)
+
+
+def test_a_directory_that_is_not_an_artifact_says_so(tmp_path):
+    with pytest.raises(ArtifactError, match="not an artifact directory: it has no manifest.json"):
+        aot.load(tmp_path)
+    with pytest.raises(ArtifactError, match="not an artifact directory: it does not exist"):
+        aot.load(tmp_path / "typo")
+
+
+def test_cli_run_names_the_file_it_wrote(artifact, tmp_path, capsys):
+    np.savez(tmp_path / "in.npz", **{k: v.numpy() for k, v in _example(3).items()})
+    args = ["run", str(artifact), "--input", str(tmp_path / "in.npz")]
+    assert cli.main([*args, "--out", str(tmp_path / "out")]) == 0
+    assert f"wrote {tmp_path / 'out.npz'}" in capsys.readouterr().out
+    assert (tmp_path / "out.npz").is_file()

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -132,7 +133,14 @@ def _mutations(files: dict[str, bytes]):
             yield f"{name} bit {i % 8} of byte {at} flipped", {name: bytes(flipped)}
         yield f"{name} grown", {name: data + b"\0"}
     manifest = json.loads(files[cache.MANIFEST])
-    for field, value in (("format", cache.FORMAT + 1), ("digest", "0" * 64), ("key", [])):
+    forged_fields = (
+        ("format", cache.FORMAT + 1),
+        ("digest", "0" * 64),
+        ("key", []),
+        ("key", None),
+        ("key", [["name", "hash", "extra"]]),
+    )
+    for field, value in forged_fields:
         body = dict(manifest["body"], **{field: value})
         forged = {"checksum": cache._sha256(cache._dump(body)), "body": body}  # a valid checksum
         yield f"manifest with {field}={value!r}", {cache.MANIFEST: json.dumps(forged).encode()}
@@ -186,6 +194,22 @@ def test_entry_of_another_key_is_foreign(pristine, tmp_path):
     assert cache.counters["disk_fault"] == faults + 1
 
 
+def _forge_key(entry, value):
+    """Give the manifest of `entry` another "key" behind a valid checksum."""
+    manifest = json.loads((entry / cache.MANIFEST).read_text())
+    manifest["body"]["key"] = value
+    manifest["checksum"] = cache._sha256(cache._dump(manifest["body"]))
+    (entry / cache.MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_explain_of_an_entry_with_a_malformed_key_is_a_cache_error(pristine, tmp_path):
+    source, digest, _, _ = pristine
+    shutil.copytree(source / digest, tmp_path / digest)
+    _forge_key(tmp_path / digest, None)
+    with pytest.raises(CacheError, match=rf"{digest}.*unreadable: manifest key is None"):
+        cache.open_disk_cache(tmp_path, 64).key_of(digest[:12])
+
+
 def _codec():
     from tpu_inductor import compile_fx, runtime
 
@@ -236,6 +260,45 @@ def test_value_without_a_disk_form_is_skipped(tmp_path):
     skipped = cache.counters["disk_skip"]
     disk.store(cache.CacheKey.of([("n", 1)]), encode, "")
     assert cache.counters["disk_skip"] == skipped + 1 and not _entry_dirs(tmp_path)
+
+
+def _leftover(directory, name: str, age_s: float):
+    temp = directory / name
+    temp.mkdir()
+    (temp / "executable.bin").write_bytes(b"x" * 4096)
+    os.utime(temp, (time.time() - age_s, time.time() - age_s))
+    return temp
+
+
+def test_stale_temporary_directories_are_counted_and_removed(tmp_path, capsys):
+    disk = cache.DiskCache(tmp_path, max_bytes=2**20)
+    stale = _leftover(tmp_path, ".tmp-0123456789abcdef-42-0badf00d", 3600)
+    trash = _leftover(tmp_path, ".tmp-rm-0123456789ab", 3600)
+    live = _leftover(tmp_path, ".tmp-fedcba9876543210-43-0badf00d", 0)  # a writer at work
+    assert cli.main(["cache", "--dir", str(tmp_path), "stats"]) == 0
+    assert "leftovers: 2 temporary directories" in capsys.readouterr().out
+    disk.store(cache.CacheKey.of([("n", 1)]), lambda: ({"blob": b"x"}, {}), "")
+    assert not stale.exists() and not trash.exists() and live.exists()
+
+
+def test_clear_removes_only_entries_and_its_own_leftovers(tmp_path, capsys):
+    _compile_into(tmp_path)
+    mine = tmp_path / ".tmp-build"
+    mine.mkdir()
+    notes = tmp_path / ("f" * 64)
+    notes.mkdir()
+    (notes / "notes.txt").write_text("precious")
+    stale = _leftover(tmp_path, ".tmp-0123456789abcdef-42-0badf00d", 3600)
+    assert cli.main(["cache", "--dir", str(tmp_path), "clear"]) == 0
+    assert "removed 1 entries" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, notes.name])
+    assert not stale.exists()
+
+
+def test_cache_dir_may_be_a_path_object(tmp_path):
+    assert Options.from_user({"cache_dir": tmp_path, "dump_dir": tmp_path}).cache_dir == str(
+        tmp_path
+    )
 
 
 # --- processes --------------------------------------------------------------------------------

@@ -11,6 +11,10 @@ PJRT platform that need not be present here. The directory holds:
     buckets/<n>/module.stablehlo  versioned portable StableHLO (what a host compiles)
     buckets/<n>/executable.bin    the PJRT executable, when the platform is present here
 
+`compile_model` writes into a temporary directory next to `out` and moves it into place when
+every bucket compiled: a failed compile leaves nothing, and a previous artifact at `out` is
+replaced whole (a directory holding anything else is refused).
+
 `load(directory)` returns a callable that checks its inputs against the manifest and runs the
 bucket they match, without Dynamo or tracing. A damaged file or an incompatible version is an
 ArtifactError that names the file and says what to do.
@@ -19,16 +23,21 @@ ArtifactError that names the file and says what to do.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib
 import itertools
 import json
 import logging
+import os
 import re
+import secrets
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
+from inspect import Parameter, signature
 from pathlib import Path
 from typing import Any
 
@@ -103,10 +112,15 @@ def _dim_name(text: str) -> str:
 # compile
 
 
-def load_target(target: str) -> torch.nn.Module:
+def load_target(target: str) -> torch.nn.Module | torch.export.ExportedProgram:
     """A model from `module:factory` (the factory returns an nn.Module) or a saved .pt2 program."""
-    if target.endswith(".pt2") and Path(target).is_file():
-        return torch.export.load(target).module()
+    if target.endswith(".pt2"):
+        if not Path(target).is_file():
+            raise OptionError(
+                f"tpu-inductor: {target} does not exist (or is not a file); give the path of a "
+                "program saved with torch.export.save, or a module:factory target."
+            )
+        return torch.export.load(target)
     module_name, _, factory_name = target.partition(":")
     if not factory_name:
         raise OptionError(
@@ -124,7 +138,7 @@ def load_target(target: str) -> torch.nn.Module:
 
 
 def compile_model(
-    model: torch.nn.Module,
+    model: torch.nn.Module | torch.export.ExportedProgram,
     inputs: Sequence[InputSpec],
     out: str | Path,
     *,
@@ -134,20 +148,39 @@ def compile_model(
     command: str = "",
     progress: Callable[[int, int, str], None] | None = None,
 ) -> Path:
-    """Compile `model` (put in eval mode) for every bucket into the artifact directory `out`.
+    """Compile `model` for every bucket into the artifact directory `out`.
 
-    `platform`: "cpu", "cuda" or "tpu" (default: the best one here). Executables are included
-    when that platform is present here. Returns the manifest's path.
+    `model`: an nn.Module (put in eval mode) or an ExportedProgram (its mode was fixed when it
+    was exported). `out` must be new, empty or a previous artifact, which is replaced whole once
+    the compile succeeds. `platform`: "cpu", "cuda" or "tpu" (default: the best one here).
+    Executables are included when that platform is present here. Returns the manifest's path.
     """
     buckets = {k: tuple(v) for k, v in (buckets or {}).items()}
     platform = platform or runtime.select_device("auto").lowering_platform
     if platform not in _DEVICE_OF_PLATFORM:
         raise OptionError(f"tpu-inductor: platform {platform!r}; choose cpu, cuda or tpu.")
+    if isinstance(model, torch.export.ExportedProgram):
+        model = model.module()  # eval() raises on it: the mode was fixed by the export
+    else:
+        model = model.eval()
+    _check_inputs(model, inputs)
     _check_dims(inputs, buckets)
-    device = _device_here(platform)
     out = Path(out)
-    (out / "buckets").mkdir(parents=True, exist_ok=True)
-    model = model.eval()
+    _check_out(out)
+    device = _device_here(platform)
+    staging = out.absolute().with_name(f".{out.absolute().name}.tmp-{secrets.token_hex(4)}")
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    staging.mkdir()
+    try:
+        _compile_into(model, inputs, staging, buckets, platform, device, x64, command, progress)
+        _replace_dir(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already unless the compile failed
+    return out / MANIFEST
+
+
+def _compile_into(model, inputs, out: Path, buckets, platform, device, x64, command, progress):
+    (out / "buckets").mkdir()
     combos = [dict(zip(buckets, sizes)) for sizes in itertools.product(*buckets.values())]
     weights: dict[str, torch.Tensor] = {}
     entries, out_spec = [], None
@@ -166,7 +199,55 @@ def compile_model(
     from safetensors.torch import save_file
 
     save_file({k: v.detach().contiguous().clone() for k, v in weights.items()}, out / WEIGHTS)
-    return _write_manifest(out, inputs, buckets, entries, out_spec, platform, x64, command)
+    _write_manifest(out, inputs, buckets, entries, out_spec, platform, x64, command)
+
+
+def _check_inputs(model: torch.nn.Module, inputs: Sequence[InputSpec]) -> None:
+    """Each input named once, as many as `model.forward` takes (OptionError otherwise)."""
+    names = [s.name for s in inputs]
+    twice = [n for n in dict.fromkeys(names) if names.count(n) > 1]
+    if twice:
+        raise OptionError(
+            f"tpu-inductor: --input {twice[0]!r} is given {names.count(twice[0])} times; give "
+            "each input once, with its own name, in the order of the model's forward()."
+        )
+    try:
+        params = list(signature(model.forward).parameters.values())
+    except (TypeError, ValueError):  # no inspectable signature: torch.export will check
+        return
+    positional = [
+        p for p in params if p.kind in (Parameter.POSITIONAL_ONLY, Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    required = [p for p in positional if p.default is Parameter.empty]
+    varargs = any(p.kind is Parameter.VAR_POSITIONAL for p in params)
+    if len(inputs) < len(required) or (len(inputs) > len(positional) and not varargs):
+        takes = f"{len(required)}" + (f" to {len(positional)}" if positional != required else "")
+        raise OptionError(
+            f"tpu-inductor: {type(model).__name__}.forward({', '.join(p.name for p in positional)})"
+            f" takes {takes} inputs; got {len(inputs)} --input ({', '.join(names)}). Give one "
+            "--input per parameter, in order."
+        )
+
+
+def _check_out(out: Path) -> None:
+    """`out` must be new, an empty directory or a previous artifact (OptionError otherwise)."""
+    if out.exists() and not out.is_dir():
+        raise OptionError(f"tpu-inductor: --out {out} is a file; give a directory to create.")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+        raise OptionError(
+            f"tpu-inductor: --out {out} is a directory that holds other files and is not an "
+            f"artifact (no {MANIFEST}); its files would be mixed into the artifact. Give a new "
+            "or empty directory, or a previous artifact to replace."
+        )
+
+
+def _replace_dir(staging: Path, out: Path) -> None:
+    """Put the finished `staging` directory at `out`, replacing what was there."""
+    old = staging.with_name(staging.name.replace(".tmp-", ".old-"))
+    if out.exists():
+        os.rename(out, old)
+    os.rename(staging, out)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _check_dims(inputs: Sequence[InputSpec], buckets: dict[str, tuple[int, ...]]) -> None:
@@ -217,14 +298,13 @@ def _compile_bucket(model, inputs, sizes, directory: Path, platform, device, x64
             weights[spec.target] = state[spec.target]
             graph_inputs.append({"weight": spec.target})
             flat.append(state[spec.target])
-    gm = program.graph_module
+    gm = pipeline.run_passes(program.graph_module)
     missing = interpreter.missing_ops(gm, platform)
     if missing:
         raise UnsupportedOpError(
             f"tpu-inductor: these ATen ops have no lowering for {platform}: {sorted(missing)}; "
             "an artifact cannot fall back to eager torch."
         )
-    gm = pipeline.run_passes(gm)
     lowered = stablehlo.lower(gm, flat, platform=platform, x64=x64)
     directory.mkdir(parents=True, exist_ok=True)
     files = {
@@ -267,7 +347,7 @@ def _executable_tag(device: runtime.Device) -> dict[str, str]:
     }
 
 
-def _write_manifest(out, inputs, buckets, entries, out_spec, platform, x64, command) -> Path:
+def _write_manifest(out, inputs, buckets, entries, out_spec, platform, x64, command) -> None:
     import jax
 
     files = sorted(p for p in out.rglob("*") if p.is_file() and p.name != MANIFEST)
@@ -290,9 +370,7 @@ def _write_manifest(out, inputs, buckets, entries, out_spec, platform, x64, comm
         "files": {str(p.relative_to(out)): _file_sha256(p) for p in files},
         "command": command,
     }
-    path = out / MANIFEST
-    path.write_text(json.dumps(manifest, indent=1))
-    return path
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
 def _file_sha256(path: Path) -> str:
@@ -321,6 +399,16 @@ class Artifact:
         from safetensors.torch import load_file
 
         self.weights = _guarded(directory / WEIGHTS, lambda: load_file(directory / WEIGHTS))
+        named = {
+            g["weight"] for e in manifest["entries"] for g in e["graph_inputs"] if "weight" in g
+        }
+        absent = sorted(named - set(self.weights))
+        if absent:
+            raise ArtifactError(
+                f"tpu_inductor: {directory / WEIGHTS} lacks the weights {absent} that "
+                f"{directory / MANIFEST} names. The artifact is damaged: rebuild it with "
+                f"`{manifest['command'] or 'tpu-inductor compile ...'}`."
+            )
         self._compiled: dict[int, runtime.CompiledGraph] = {}
         from torch.utils._pytree import treespec_loads
 
@@ -346,6 +434,12 @@ class Artifact:
                 f"tpu_inductor: the artifact {self.directory} takes inputs {names}; got "
                 f"{len(args)} positional and {sorted(kwargs)} by name."
             )
+        twice = [n for n in names[: len(args)] if n in kwargs]
+        if twice:
+            raise InputMismatchError(
+                f"tpu_inductor: input {twice[0]!r} of the artifact {self.directory} is given "
+                f"twice, by position and by name (inputs, in order: {names}); give it once."
+            )
         values = dict(zip(names, args), **kwargs)
         absent = [n for n in names if n not in values]
         if absent:
@@ -357,7 +451,9 @@ class Artifact:
         for number, entry in enumerate(entries):
             if all(_matches(values[s.name], s, entry["sizes"]) for s in self.inputs):
                 return number
-        spec = next(s for s in self.inputs if not _fits_any(values[s.name], s, entries))
+        spec = next((s for s in self.inputs if not _fits_any(values[s.name], s, entries)), None)
+        if spec is None:  # each input fits some bucket, but not the same one
+            raise InputMismatchError(self._disagreement(values))
         got = values[spec.name]
         actual = (
             f"{serialize.dtype_name(got.dtype)}{list(got.shape)}"
@@ -373,6 +469,28 @@ class Artifact:
         raise InputMismatchError(
             f"tpu_inductor: input {spec.name!r} expected {expected} (spec {spec}), got {actual}. "
             "Pass a matching tensor, or recompile with the shapes you need (--bucket)."
+        )
+
+    def _disagreement(self, values: dict[str, torch.Tensor]) -> str:
+        """Which inputs give a bucket dim different sizes (each fits some bucket, none fits all)."""
+        seen: dict[str, dict[str, int]] = {}
+        for spec in self.inputs:
+            for dim, size in zip(spec.shape, values[spec.name].shape):
+                if isinstance(dim, str):
+                    seen.setdefault(dim, {})[spec.name] = size
+        buckets = " ".join(
+            f"{k}={','.join(map(str, v))}" for k, v in self.manifest["buckets"].items()
+        )
+        for dim, sizes in seen.items():
+            if len(set(sizes.values())) > 1:
+                has = ", ".join(f"{name!r} has {dim}={size}" for name, size in sizes.items())
+                return (
+                    f"tpu_inductor: inputs disagree on dim {dim!r}: {has}. Inputs that share a "
+                    f"dim must have the same size in it (compiled buckets: {buckets})."
+                )
+        return (
+            f"tpu_inductor: no compiled bucket fits these inputs together (sizes {seen}; compiled "
+            f"buckets: {buckets}); recompile with the combination you need (--bucket)."
         )
 
     def _load_bucket(self, number: int) -> runtime.CompiledGraph:
@@ -430,6 +548,14 @@ def _guarded(path: Path, read: Callable[[], Any]):
     """Run `read`; any failure becomes an ArtifactError that names `path` and what to do."""
     try:
         return read()
+    except ArtifactError:
+        raise
+    except OSError as e:  # absent or unreadable, not damaged
+        raise ArtifactError(
+            f"tpu_inductor: cannot read {path}: {e.strerror or e}. Check that it exists and that "
+            "you may read it (its permissions and its directory's), or rebuild the artifact "
+            "with `tpu-inductor compile`."
+        ) from e
     except Exception as e:  # a damaged file fails in the reader's own way
         raise ArtifactError(
             f"tpu_inductor: cannot read {path}: {type(e).__name__}: {e}. The artifact is damaged "
@@ -444,7 +570,7 @@ def load(directory: str | Path, device: str = "auto") -> Artifact:
     manifest = read_manifest(directory)
     for name, digest in manifest["files"].items():
         path = directory / name
-        if not path.is_file() or _file_sha256(path) != digest:
+        if not path.is_file() or _guarded(path, functools.partial(_file_sha256, path)) != digest:
             raise ArtifactError(
                 f"tpu_inductor: {path} is {'missing' if not path.is_file() else 'damaged'} "
                 "(checksum mismatch with manifest.json). Rebuild the artifact with "
@@ -461,8 +587,20 @@ def load(directory: str | Path, device: str = "auto") -> Artifact:
 
 
 def read_manifest(directory: Path) -> dict:
-    """The parsed manifest, with its format checked (ArtifactError otherwise)."""
+    """The parsed manifest, with its format and fields checked (ArtifactError otherwise)."""
     path = directory / MANIFEST
+    if not path.is_file():
+        what = (
+            "does not exist"
+            if not directory.exists()
+            else "is not a directory"
+            if not directory.is_dir()
+            else f"has no {MANIFEST}"
+        )
+        raise ArtifactError(
+            f"tpu_inductor: {directory} is not an artifact directory: it {what}. Give the --out "
+            "directory of a `tpu-inductor compile`."
+        )
     manifest = _guarded(path, lambda: json.loads(path.read_text()))
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else None
@@ -471,7 +609,78 @@ def read_manifest(directory: Path) -> dict:
             f"({__version__}) reads format {FORMAT}. Rebuild the artifact with this version "
             "(`tpu-inductor compile`), or load it with the version that wrote it."
         )
+    problem = _manifest_problem(manifest)
+    if problem:
+        command = manifest.get("command") if isinstance(manifest.get("command"), str) else None
+        raise ArtifactError(
+            f"tpu_inductor: {path} is malformed: {problem}. The artifact is damaged or was not "
+            f"written by tpu_inductor: rebuild it with `{command or 'tpu-inductor compile ...'}`."
+        )
     return manifest
+
+
+_FIELDS = {
+    "platform": str,
+    "x64": str,
+    "versions": dict,
+    "inputs": list,
+    "buckets": dict,
+    "entries": list,
+    "out_spec": str,
+    "files": dict,
+    "command": str,
+}
+
+
+def _manifest_problem(manifest: dict) -> str | None:
+    """The first missing or ill-typed field of a parsed manifest, described; None if sound."""
+    for field, kind in _FIELDS.items():
+        if field not in manifest:
+            return f"field {field!r} is missing"
+        if not isinstance(manifest[field], kind):
+            return f"field {field!r} is {manifest[field]!r:.60}, expected a {kind.__name__}"
+    names, dims = set(), set()
+    for number, spec in enumerate(manifest["inputs"]):
+        if not (
+            isinstance(spec, dict)
+            and isinstance(spec.get("name"), str)
+            and isinstance(spec.get("dtype"), str)
+            and isinstance(spec.get("shape"), list)
+            and all(type(d) in (int, str) for d in spec["shape"])
+        ):
+            return f"inputs[{number}] is {spec!r:.80}, expected {{name, dtype, shape}}"
+        names.add(spec["name"])
+        dims.update(d for d in spec["shape"] if isinstance(d, str))
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in manifest["files"].items()):
+        return "field 'files' is not a map of file names to sha256 digests"
+    if not manifest["entries"]:
+        return "field 'entries' is empty"
+    for number, entry in enumerate(manifest["entries"]):
+        where = f"entries[{number}]"
+        if not isinstance(entry, dict):
+            return f"{where} is {entry!r:.60}, expected an object"
+        sizes, graph_inputs = entry.get("sizes"), entry.get("graph_inputs")
+        if (
+            not isinstance(sizes, dict)
+            or set(sizes) != dims
+            or not all(type(v) is int for v in sizes.values())
+        ):
+            return f"{where}.sizes is {sizes!r:.60}, expected a size for each dim of {sorted(dims)}"
+        if not isinstance(graph_inputs, list) or not all(
+            isinstance(g, dict) and (g.get("input") in names or isinstance(g.get("weight"), str))
+            for g in graph_inputs
+        ):
+            return f"{where}.graph_inputs is {graph_inputs!r:.60}, expected inputs and weights"
+        lowered = entry.get("lowered")
+        if not isinstance(lowered, dict) or not isinstance(lowered.get("output_specs"), list):
+            return f"{where}.lowered is {lowered!r:.60}, expected a call description"
+        if not all(
+            isinstance(o, dict) and {"dtype", "shape"} <= set(o) for o in lowered["output_specs"]
+        ):
+            return f"{where}.lowered.output_specs is {lowered['output_specs']!r:.60}"
+        if "executable" not in entry or not isinstance(entry["executable"], (dict, type(None))):
+            return f"{where}.executable is missing or {entry.get('executable')!r:.60}"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -539,8 +748,9 @@ def _cli_run(args) -> int:
     for number, out in enumerate(outputs):
         print(f"output {number}: {serialize.dtype_name(out.dtype)}{list(out.shape)}")
     if args.out:
-        np.savez(args.out, *[o.detach().numpy() for o in outputs])
-        print(f"wrote {args.out}")
+        path = args.out if args.out.endswith(".npz") else f"{args.out}.npz"  # as np.savez names it
+        np.savez(path, *[o.detach().numpy() for o in outputs])
+        print(f"wrote {path}")
     return 0
 
 
@@ -556,6 +766,11 @@ def _cli_inspect(args) -> int:
         outs = ", ".join(f"{s['dtype']}{s['shape']}" for s in entry["lowered"]["output_specs"])
         exe = "executable" if entry["executable"] else "StableHLO only"
         print(f"bucket {number}:  {entry['sizes'] or 'static'} → {outs}  ({exe})")
-    total = sum((directory / name).stat().st_size for name in manifest["files"])
-    print(f"files:     {len(manifest['files'])}, {total / 2**20:.1f} MiB")
+    present = [directory / n for n in manifest["files"] if (directory / n).is_file()]
+    total = sum(p.stat().st_size for p in present)
+    missing = len(manifest["files"]) - len(present)
+    print(
+        f"files:     {len(manifest['files'])}, {total / 2**20:.1f} MiB"
+        + (f" ({missing} missing: the artifact is damaged)" if missing else "")
+    )
     return 0

@@ -638,12 +638,8 @@ def _main(args) -> int:
         threads=args.threads,
         cold=not args.warm_caches,
     )
-    try:
-        with _progress_bar(progress_steps(settings)) as progress:
-            report = run(settings, progress)
-    except BenchError as e:
-        print(e, file=sys.stderr)
-        return 2
+    with _progress_bar(progress_steps(settings)) as progress:  # a BenchError: cli.main reports it
+        report = run(settings, progress)
     text = markdown(report)
     print(text)
     for path, write in (

@@ -8,8 +8,10 @@ directory per key digest holding the value's files (serialized executable, Stabl
 `manifest.json` with the key, a checksum of every file and of the manifest itself. Writes go to
 a temporary directory renamed into place (atomic; of two processes storing one key, one wins).
 Any read fault (truncated, corrupted, foreign, unreadable) is a warning, the entry is removed
-and the value recompiled. The directory must be private to its owner: a deserialized
-executable is code that runs in this process. Size-capped, least recently used evicted first.
+and the value recompiled; a directory that cannot be searched, listed or written is a warning
+and a compile without it. The directory must be private to its owner: a deserialized
+executable is code that runs in this process. Size-capped, least recently used evicted first;
+temporary directories left by interrupted processes are removed once stale.
 
 `counters` say what happened, for the whole process (tests assert on them): "hit" (memory),
 "disk_hit", "miss" (compiled), "bypass" (unhashable key), "disk_fault", "disk_store",
@@ -26,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import time
@@ -42,6 +45,12 @@ counters: collections.Counter = collections.Counter()
 FORMAT = 1  # layout version of a disk entry; entries of another format are ignored
 MANIFEST = "manifest.json"
 _TEMP_PREFIX = ".tmp-"
+# What `store` and `_remove` name their temporary directories: ".tmp-<digest16>-<pid>-<hex8>"
+# and ".tmp-rm-<hex12>". Older than `_STALE_SECONDS`, one is a leftover of an interrupted
+# process (a live writer finishes in far less) and `evict`/`clear` remove it.
+_TEMP_NAME = re.compile(r"\.tmp-(?:[0-9a-f]{16}-\d+-[0-9a-f]{8}|rm-[0-9a-f]{12})")
+_STALE_SECONDS = 15 * 60
+_DIGEST = re.compile(r"[0-9a-f]{64}")  # the name of an entry's directory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,9 +242,27 @@ def default_directory() -> Path:
     return Path(platformdirs.user_cache_dir("tpu_inductor")) / "compile"
 
 
-def open_disk_cache(directory: str | os.PathLike | None, max_mb: int) -> DiskCache:
-    """The disk cache at `directory` (None: `default_directory()`), created private if absent."""
-    return DiskCache(Path(directory) if directory else default_directory(), max_mb * 2**20)
+def open_disk_cache(
+    directory: str | os.PathLike | None, max_mb: int, *, create: bool = True
+) -> DiskCache:
+    """The disk cache at `directory` (None: `default_directory()`), created private if absent.
+
+    With `create=False` (commands that only read or clear it) an absent directory is a
+    CacheError rather than created.
+    """
+    if directory is not None and not os.fspath(directory):
+        raise CacheError(
+            "tpu_inductor: the compile cache directory is an empty path; give a directory (--dir, "
+            "TPU_INDUCTOR_CACHE_DIR or options={'cache_dir': ...}) or leave it unset for the "
+            "default."
+        )
+    path = Path(directory) if directory is not None else default_directory()
+    if not create and not path.expanduser().is_dir():
+        raise CacheError(
+            f"tpu_inductor: there is no compile cache at {path}: the directory does not exist. "
+            "Check the path given with --dir or TPU_INDUCTOR_CACHE_DIR (nothing was cached there)."
+        )
+    return DiskCache(path, max_mb * 2**20)
 
 
 class DiskCache:
@@ -249,7 +276,11 @@ class DiskCache:
     def load(self, key: CacheKey, decode: Callable[[dict[str, bytes], dict], Any]):
         """The decoded value stored for `key`, or None (absent, or a fault: warned, removed)."""
         path = self.directory / key.digest
-        if not path.exists():
+        try:
+            if not path.exists():
+                return None
+        except OSError as e:  # the directory cannot be searched: compile without it
+            self._warn_unusable("cannot search it; compiling without it", e)
             return None
         try:
             manifest = _read_manifest(path / MANIFEST)
@@ -307,12 +338,24 @@ class DiskCache:
                 return
             counters["disk_store"] += 1
         except OSError as e:
-            log.warning(
-                "tpu_inductor: cannot write compile cache entry in %s: %s", self.directory, e
-            )
+            self._warn_unusable("cannot write an entry in it; compiling without it", e)
             _remove(temp)
             return
-        self.evict()
+        try:
+            self.evict()
+        except OSError as e:  # the directory cannot be listed
+            self._warn_unusable("cannot list it to keep it under its size cap", e)
+
+    def _warn_unusable(self, problem: str, error: OSError) -> None:
+        log.warning(
+            "tpu_inductor: compile cache directory %s: %s (%s). Make it readable and writable "
+            "by you (`chmod 700 %s`), or choose another with TPU_INDUCTOR_CACHE_DIR or "
+            "options={'cache_dir': ...}.",
+            self.directory,
+            problem,
+            error.strerror or error,
+            self.directory,
+        )
 
     def entries(self) -> list[EntryInfo]:
         """Every entry in the directory, least recently used first (unreadable ones skipped)."""
@@ -340,13 +383,30 @@ class DiskCache:
                 f"{digest_prefix!r}; give a longer, unique prefix (see `tpu-inductor cache ls`)."
             )
         try:
-            body = _read_manifest(matches[0] / MANIFEST)
-            return CacheKey(tuple((str(n), str(h)) for n, h in body["key"]))
-        except (_Fault, OSError, KeyError, ValueError) as e:
-            raise CacheError(f"tpu_inductor: cache entry {matches[0]} is unreadable: {e}") from e
+            return _stored_key(_read_manifest(matches[0] / MANIFEST))
+        except (_Fault, OSError) as e:
+            raise CacheError(
+                f"tpu_inductor: cache entry {matches[0]} is unreadable: {e}. It is replaced when "
+                "its graph is compiled again; `tpu-inductor cache clear` removes it."
+            ) from e
+
+    def leftovers(self) -> list[Path]:
+        """Temporary directories of interrupted stores and removals (older than a few minutes)."""
+        now = time.time()
+        found = []
+        for path in self.directory.iterdir():
+            if not _TEMP_NAME.fullmatch(path.name):
+                continue
+            with contextlib.suppress(OSError):
+                if path.is_dir() and now - path.stat().st_mtime > _STALE_SECONDS:
+                    found.append(path)
+        return found
 
     def evict(self) -> None:
-        """Remove least recently used entries until the total size fits `max_bytes`."""
+        """Remove stale temporary directories, then least recently used entries until the total
+        size fits `max_bytes`."""
+        for path in self.leftovers():
+            _remove(path)
         entries = self.entries()
         total = sum(e.size for e in entries)
         for entry in entries:
@@ -358,12 +418,17 @@ class DiskCache:
             log.info("tpu_inductor: compile cache evicted %s (%d bytes)", entry.digest, entry.size)
 
     def clear(self) -> int:
-        """Remove every entry (and leftover temporary directories); returns how many entries."""
+        """Remove every entry (and stale temporary directories); returns how many entries.
+
+        Only what this module wrote goes: a directory named by a digest that holds a manifest
+        (readable or not), and temporary directories named as `store` names them."""
         removed = 0
+        for path in self.leftovers():
+            _remove(path)
         for path in self.directory.iterdir():
-            if path.is_dir() and (len(path.name) == 64 or path.name.startswith(_TEMP_PREFIX)):
-                removed += len(path.name) == 64
+            if _DIGEST.fullmatch(path.name) and (path / MANIFEST).is_file():
                 _remove(path)
+                removed += 1
         return removed
 
 
@@ -412,10 +477,18 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     return body
 
 
-def _check_owner_entry(body: dict, key: CacheKey) -> None:
-    if body.get("digest") != key.digest or [tuple(e) for e in body.get("key", ())] != list(
-        key.entries
+def _stored_key(body: dict) -> CacheKey:
+    """The key a manifest body records (a _Fault if it is not a list of [name, hash] pairs)."""
+    stored = body.get("key")
+    if not isinstance(stored, list) or not all(
+        isinstance(e, list) and len(e) == 2 and all(isinstance(v, str) for v in e) for e in stored
     ):
+        raise _Fault(f"manifest key is {stored!r:.60}, not a list of [name, hash] pairs")
+    return CacheKey(tuple((name, digest) for name, digest in stored))
+
+
+def _check_owner_entry(body: dict, key: CacheKey) -> None:
+    if body.get("digest") != key.digest or _stored_key(body) != key:
         raise _Fault("the entry belongs to another key")
     if not isinstance(body.get("files"), dict) or not isinstance(body.get("meta"), dict):
         raise _Fault("manifest without files or meta")
@@ -465,10 +538,12 @@ def add_subcommands(commands) -> None:
 
 
 def _cli_cache(args) -> DiskCache:
+    """The cache the command names; never created (these commands only read or remove)."""
     from .config import Options
 
     options = Options.from_user()
-    return open_disk_cache(args.dir or options.cache_dir, options.cache_max_mb)
+    directory = args.dir if args.dir is not None else options.cache_dir
+    return open_disk_cache(directory, options.cache_max_mb, create=False)
 
 
 def _cli_stats(args) -> int:
@@ -478,6 +553,13 @@ def _cli_stats(args) -> int:
     print(f"directory: {disk.directory}")
     print(f"entries:   {len(entries)}")
     print(f"size:      {total / 2**20:.1f} MiB of {disk.max_bytes / 2**20:.0f} MiB")
+    leftovers = disk.leftovers()
+    if leftovers:
+        size = sum(f.stat().st_size for p in leftovers for f in p.rglob("*") if f.is_file())
+        print(
+            f"leftovers: {len(leftovers)} temporary directories of interrupted writes, "
+            f"{size / 2**20:.1f} MiB (removed by the next store or `cache clear`)"
+        )
     return 0
 
 

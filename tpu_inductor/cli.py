@@ -1,7 +1,8 @@
 """The `tpu-inductor` command: `--version`, `devices`, `ops`, and the subcommands of other rooms.
 
 Each module named in `SUBCOMMAND_MODULES` provides `add_subcommands(commands)`, which adds its
-argparse subparsers and sets `run=` on each (a function args -> exit code).
+argparse subparsers and sets `run=` on each (a function args -> exit code). `main` turns the
+typed errors of tpu_inductor (and missing or unreadable paths) into a message and exit code 2.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import importlib
 import sys
 
 from . import __version__
+from .exc import TpuInductorError
 
 # Modules of this package that add subcommands (each: add_subcommands(commands)).
 SUBCOMMAND_MODULES: tuple[str, ...] = ("cache", "aot", "bench", "report")
@@ -64,8 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command; a user error (a typed error, a bad path) is one line on stderr, exit 2."""
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except TpuInductorError as e:
+        print(e, file=sys.stderr)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as e:
+        print(f"tpu-inductor: {e}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

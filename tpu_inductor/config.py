@@ -55,15 +55,17 @@ class Options:
                 f"tpu_inductor: mode={mode!r} is not supported; use mode=None or 'default' "
                 "(tune with options={...} instead)."
             )
-        values = _env_defaults()
+        values = {
+            k: (v, f"environment variable {_env_name(k)}") for k, v in _env_defaults().items()
+        }
         for key, value in (options or {}).items():
             if key not in _FIELDS:
                 raise OptionError(
                     f"tpu_inductor: unknown option {key!r} (value {value!r}). "
                     f"Allowed options: {', '.join(sorted(_FIELDS))}."
                 )
-            values[key] = value
-        return cls(**{k: _check(k, v) for k, v in values.items()})
+            values[key] = (value, f"option {key!r}")
+        return cls(**{k: _check(k, v, source) for k, (v, source) in values.items()})
 
     def cache_key_entries(self) -> dict[str, Any]:
         """The options that change compiled code, for the compile cache key."""
@@ -80,10 +82,14 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Options)}
 NOT_IN_CACHE_KEY = frozenset({"resident_params", "cache", "cache_dir", "cache_max_mb", "dump_dir"})
 
 
+def _env_name(name: str) -> str:
+    return f"TPU_INDUCTOR_{name.upper()}"
+
+
 def _env_defaults() -> dict[str, Any]:
     values: dict[str, Any] = {}
     for name in _FIELDS:
-        raw = os.environ.get(f"TPU_INDUCTOR_{name.upper()}")
+        raw = os.environ.get(_env_name(name))
         if raw is not None:
             values[name] = _parse_env(name, raw)
     return values
@@ -98,7 +104,7 @@ def _parse_env(name: str, raw: str) -> Any:
         if lowered in ("0", "false", "no", "off"):
             return False
         raise OptionError(
-            f"tpu_inductor: environment variable TPU_INDUCTOR_{name.upper()}={raw!r} is not a "
+            f"tpu_inductor: environment variable {_env_name(name)}={raw!r} is not a "
             "boolean; use 1/0, true/false, yes/no or on/off."
         )
     if kind.startswith("tuple"):
@@ -108,43 +114,42 @@ def _parse_env(name: str, raw: str) -> Any:
             return int(raw)
         except ValueError:
             raise OptionError(
-                f"tpu_inductor: environment variable TPU_INDUCTOR_{name.upper()}={raw!r} is not "
-                "an integer."
+                f"tpu_inductor: environment variable {_env_name(name)}={raw!r} is not an integer."
             ) from None
     return raw
 
 
-def _check(name: str, value: Any) -> Any:
+def _check(name: str, value: Any, source: str) -> Any:
+    """`value` of option `name`, validated; `source` names where it came from, for errors."""
     kind = _FIELDS[name].type
     if name in _CHOICES:
         if value not in _CHOICES[name]:
             raise OptionError(
-                f"tpu_inductor: option {name!r} has value {value!r}; "
+                f"tpu_inductor: {source} has value {value!r}; "
                 f"allowed values: {', '.join(map(repr, _CHOICES[name]))}."
             )
         return value
     if kind == "bool":
         if not isinstance(value, bool):
-            raise OptionError(
-                f"tpu_inductor: option {name!r} must be True or False, got {value!r}."
-            )
+            raise OptionError(f"tpu_inductor: {source} must be True or False, got {value!r}.")
         return value
     if kind.startswith("tuple"):
         if isinstance(value, str) or not all(isinstance(v, str) for v in value):
-            raise OptionError(
-                f"tpu_inductor: option {name!r} must be a list of names, got {value!r}."
-            )
+            raise OptionError(f"tpu_inductor: {source} must be a list of names, got {value!r}.")
         return tuple(value)
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise OptionError(
-                f"tpu_inductor: option {name!r} must be a non-negative integer, got {value!r}."
+                f"tpu_inductor: {source} must be a non-negative integer, got {value!r}."
             )
         return value
     if kind == "str | None":
-        if value is not None and not isinstance(value, str):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise OptionError(f"tpu_inductor: {source} must be a path or None, got {value!r}.")
+        if name == "cache_dir" and value is not None and not os.fspath(value):
             raise OptionError(
-                f"tpu_inductor: option {name!r} must be a path or None, got {value!r}."
+                f"tpu_inductor: {source} is an empty path; give a directory, or leave it unset "
+                "for the user's cache directory."
             )
-        return value
+        return None if value is None else os.fspath(value)
     raise AssertionError(f"unhandled option type {kind} for {name}")  # a bug in this module
