@@ -34,11 +34,14 @@ class TensorSpec:
 @dataclasses.dataclass(frozen=True)
 class OutputSlot:
     """One graph output: module result number `result`; else graph input number `input`
-    returned as it is (no copy through the module); else the Python `value`."""
+    returned as it is (no copy through the module); else a `view` of another graph output
+    (its number, size, stride, storage offset), as eager returns `y, y[0]`; else the Python
+    `value`."""
 
     result: int | None
     value: Any = None
     input: int | None = None
+    view: tuple[int, tuple[int, ...], tuple[int, ...], int] | None = None
 
 
 @dataclasses.dataclass
@@ -98,6 +101,7 @@ def lower(
     runner = GraphRunner(gm, x64=x64, platform=platform)
     tensor_inputs, specs = tensor_input_specs(inputs)
     passed_through = _passed_through_inputs(gm, tensor_inputs)
+    views = _views_of_outputs(gm, passed_through)
     structure: dict[str, Any] = {}
 
     def fn(*args):
@@ -113,9 +117,11 @@ def lower(
             values[position] = arg
         flat = runner.run(values, rng)
         results, slots = [], []
-        for value, source in zip(flat, passed_through):
+        for index, (value, source) in enumerate(zip(flat, passed_through)):
             if source is not None:
                 slots.append(OutputSlot(None, input=source))
+            elif index in views:
+                slots.append(OutputSlot(None, view=views[index]))
             elif isinstance(value, jax.Array):
                 slots.append(OutputSlot(len(results)))
                 results.append(value)
@@ -162,6 +168,39 @@ def _passed_through_inputs(gm, tensor_inputs) -> list[int | None]:
     tensors = {placeholders[i]: i for i in tensor_inputs}
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
     return [tensors.get(node) for node in flatten(output_node.args[0])]
+
+
+def _views_of_outputs(gm, passed_through) -> dict[int, tuple]:
+    """Graph outputs that are views of another output's whole storage: output number → (that
+    output's number, size, stride, storage offset). Computed once by the module, the base is
+    viewed at run time, so that a write through one output shows through the other, as in
+    eager. (Views of inputs are AOTAutograd's to rebuild; views of an intermediate that is not
+    an output have no base to view.)"""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    output_node = next(n for n in gm.graph.nodes if n.op == "output")
+    vals = [
+        n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+        for n in flatten(output_node.args[0])
+    ]
+    bases: dict[Any, int] = {}
+    for index, val in enumerate(vals):
+        if (
+            isinstance(val, torch.Tensor)
+            and passed_through[index] is None
+            and val.is_contiguous()
+            and val.storage_offset() == 0
+            and val.untyped_storage().nbytes() == val.numel() * val.element_size()
+        ):
+            bases.setdefault(StorageWeakRef(val.untyped_storage()), index)
+    views = {}
+    for index, val in enumerate(vals):
+        if not isinstance(val, torch.Tensor) or passed_through[index] is not None:
+            continue
+        base = bases.get(StorageWeakRef(val.untyped_storage()))
+        if base is not None and base != index and val.dtype == vals[base].dtype:
+            views[index] = (base, tuple(val.shape), tuple(val.stride()), val.storage_offset())
+    return views
 
 
 def _output_specs(gm, slots, mutations, inputs) -> tuple[TensorSpec, ...]:

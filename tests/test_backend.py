@@ -214,6 +214,32 @@ def test_input_mutation_is_written_back():
     assert_same(out, torch.arange(3.0) * 2)
 
 
+def _output_and_its_views(x):
+    y = x * 2
+    return y, y[0], y.t(), y.view(-1)[2:5]
+
+
+@pytest.mark.parametrize("from_disk", [False, True], ids=["compiled", "disk_cache_hit"])
+def test_outputs_that_view_another_output_are_views_of_it(from_disk):
+    """As in eager: a write through `y` shows through `y[0]` (computed once, viewed)."""
+    x = torch.randn(3, 4)
+    if from_disk:
+        with torch.no_grad():
+            _compile(_output_and_its_views)(x)
+        torch._dynamo.reset()
+        cache.memory_cache.clear()  # the call description then comes back from its JSON
+    hits = cache.counters["disk_hit"]
+    with torch.no_grad():
+        outputs = _compile(_output_and_its_views)(x)
+    assert cache.counters["disk_hit"] == hits + from_disk
+    expected = _output_and_its_views(x)
+    for got, want in zip(outputs, expected):
+        assert_same(got, want)
+        assert (got.stride(), got.storage_offset()) == (want.stride(), want.storage_offset())
+    outputs[0].zero_()
+    assert all(not out.any() for out in outputs)
+
+
 def test_transposed_and_sliced_inputs_are_copied_not_misread():
     f = _compile(lambda a, b: a @ b + 1)
     base = torch.randn(6, 5)

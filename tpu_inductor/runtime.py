@@ -272,6 +272,9 @@ class CompiledGraph:
             for spec, module_dtype in zip(lowered.output_specs, lowered.module_output_dtypes)
         )
         self._slots = tuple((slot.result, slot.input, slot.value) for slot in lowered.outputs)
+        self._views = tuple(
+            (index, slot.view) for index, slot in enumerate(lowered.outputs) if slot.view
+        )
 
     def __call__(self, args: list) -> list:
         if self._resident_positions:
@@ -295,6 +298,8 @@ class CompiledGraph:
             outs[result] if result is not None else value if source is None else args[source]
             for result, source, value in self._slots
         ]
+        for index, (base, size, stride, offset) in self._views:
+            returned[index] = returned[base].as_strided(size, stride, offset)
         args.clear()
         return returned
 

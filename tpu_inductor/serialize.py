@@ -52,6 +52,9 @@ def lowered_to_json(lowered: LoweredModule) -> dict[str, Any]:
             outputs.append({"result": slot.result})
         elif slot.input is not None:
             outputs.append({"input": slot.input})
+        elif slot.view is not None:
+            base, size, stride, offset = slot.view
+            outputs.append({"view": [base, list(size), list(stride), offset]})
         elif isinstance(slot.value, _SCALARS):
             outputs.append({"value": slot.value})
         else:
@@ -76,6 +79,10 @@ def lowered_from_json(data: dict[str, Any], bytecode: bytes, text: str) -> Lower
             outputs.append(OutputSlot(_int(slot["result"])))
         elif "input" in slot:
             outputs.append(OutputSlot(None, input=_int(slot["input"])))
+        elif "view" in slot:
+            base, size, stride, offset = slot["view"]
+            view = (_int(base), tuple(map(_int, size)), tuple(map(_int, stride)), _int(offset))
+            outputs.append(OutputSlot(None, view=view))
         elif isinstance(slot["value"], _SCALARS):
             outputs.append(OutputSlot(None, slot["value"]))
         else:
