@@ -286,9 +286,16 @@ class GraphRunner:
             raise LoweringError(f"{where}: {what} should be a tensor, the rule returned {got!r}")
         want_dtype = dtypes.to_jax(dtypes.narrowed(expected.dtype, self.x64))
         if got.dtype != want_dtype:
+            inputs = [
+                str(a.meta["val"].dtype).removeprefix("torch.")
+                for a in node.all_input_nodes
+                if isinstance(a.meta.get("val"), torch.Tensor)
+            ]
             raise LoweringError(
                 f"{where}: {what} has dtype {got.dtype}, torch computes {expected.dtype} "
-                f"(expected jax dtype {want_dtype}); fix the rule's type promotion."
+                f"(expected jax dtype {want_dtype}) from inputs of dtypes {inputs}. If eager "
+                "torch rejects those dtypes together (e.g. an int64 input to a float layer), pass "
+                "inputs of the dtype the model expects; otherwise fix the rule's type promotion."
             )
         want_shape = tuple(expected.shape)
         if len(got.shape) != len(want_shape) or any(

@@ -316,6 +316,14 @@ def test_rule_with_wrong_dtype_names_node_and_source_line():
     assert "test_backend.py" in str(error) and "twice(x)" in str(error)
 
 
+def test_mismatched_input_dtypes_are_named_when_a_result_dtype_is_wrong():
+    """Eager rejects an int64 input to a float layer; the meta kernels do not, so the
+    interpreter's dtype check is where it shows: the message names the inputs' dtypes."""
+    error = _backend_error(LoweringError, _compile(nn.Linear(4, 2)), torch.ones(3, 4).long())
+    assert "from inputs of dtypes ['float32', 'int64', 'float32']" in str(error)
+    assert "pass inputs of the dtype the model expects" in str(error)
+
+
 def test_cli_version_and_devices():
     out = subprocess.run(
         [sys.executable, "-m", "tpu_inductor.cli", "devices"], capture_output=True, text=True
