@@ -389,9 +389,11 @@ def test_embedding_dense_backward(padding_idx, scale):
 
 # --- attention -------------------------------------------------------------------------------
 
-# name, (B, H, L, S, E), is_causal, mask kind (None, "float", "-inf", "empty_row"), scale
+# name, (B, H, L, S, E), is_causal, mask kind (None, "float", "-inf", "empty_row"), scale;
+# H: heads, or (query heads, key/value heads) for grouped-query attention (enable_gqa)
 _ATTENTION = [
     ("plain", (2, 3, 16, 16, 8), False, None, None),
+    ("grouped_query", (2, (4, 2), 12, 12, 8), True, None, None),
     ("causal", (2, 3, 16, 16, 8), True, None, None),
     ("causal_short_query", (1, 2, 6, 16, 8), True, None, 0.3),
     ("float_mask", (2, 2, 8, 12, 4), False, "float", None),
@@ -402,10 +404,11 @@ _ATTENTION = [
 
 def _attention_inputs(shape, mask_kind, dtype=torch.float32):
     b, h, length, keys, e = shape
+    h, kv_heads = (h, h) if isinstance(h, int) else h
     q, k, v = (
         _rand(b, h, length, e, dtype=dtype),
-        _rand(b, h, keys, e, dtype=dtype, seed=1),
-        _rand(b, h, keys, e, dtype=dtype, seed=2),
+        _rand(b, kv_heads, keys, e, dtype=dtype, seed=1),
+        _rand(b, kv_heads, keys, e, dtype=dtype, seed=2),
     )
     mask = None
     if mask_kind is not None:

@@ -431,8 +431,12 @@ def _attention(q, k, v, is_causal, attn_mask, scale):
     """Softmax attention in float32: (output, logsumexp over keys).
 
     A fully masked row gives output 0 and logsumexp 0, as torch's CPU kernel does, and finite
-    gradients (the backward rule differentiates this function).
+    gradients (the backward rule differentiates this function). Fewer key/value heads than
+    query heads (grouped-query attention) serve consecutive groups of query heads.
     """
+    groups = q.shape[-3] // k.shape[-3] if q.ndim >= 3 else 1
+    if groups > 1:
+        k, v = (jnp.repeat(t, groups, axis=-3) for t in (k, v))
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = matmul(_f32(q), jnp.swapaxes(_f32(k), -1, -2)) * scale
     if is_causal:
