@@ -204,3 +204,15 @@ def test_special_functions():
         "spherical_bessel_j0": lambda x, q: sp.spherical_bessel_j0(x),
     }
     check_many_against_eager(fns, x, q, tolerance=_tol, options=LOWERED)
+
+
+def test_bf16_linear_adds_the_bias_before_rounding():
+    """torch adds the bias in the float32 accumulator and rounds once; rounding the product to
+    bfloat16 first, then adding, moved about 30% of the results by one bfloat16 step."""
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = (
+        torch.randn(*s, generator=gen).mul(3).bfloat16() for s in ((64, 32), (48, 32), (48,))
+    )
+    once = torch.nn.functional.linear(x.float(), w.float(), b.float()).bfloat16()
+    ours = compile_aten(torch.nn.functional.linear, (x, w, b))(x, w, b)
+    assert (ours == once).float().mean() > 0.99

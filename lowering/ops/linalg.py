@@ -30,18 +30,23 @@ _HIGHEST = lax.Precision.HIGHEST
 
 def matmul(a, b):
     """a @ b with torch's float32 semantics on every platform."""
-    acc = accumulation_dtype(a.dtype)
-    out = jnp.matmul(a, b, precision=_HIGHEST, preferred_element_type=acc)
-    return out.astype(a.dtype)
+    return _product(a, b).astype(a.dtype)
 
 
-def _scaled_add(bias, product, beta, alpha):
-    """beta * bias + alpha * product, ignoring bias (even NaN) when beta is 0, as torch does."""
+def _product(a, b):
+    """a @ b at full precision, in the accumulation dtype (float32 for 16-bit floats)."""
+    return jnp.matmul(a, b, precision=_HIGHEST, preferred_element_type=accumulation_dtype(a.dtype))
+
+
+def _scaled_add(bias, product, beta, alpha, dtype):
+    """beta * bias + alpha * product in the accumulation dtype, rounded once to `dtype` (as
+    torch adds the bias in the accumulator); bias ignored (even NaN) when beta is 0."""
     if alpha != 1:
         product = product * alpha
-    if beta == 0:
-        return product
-    return (bias * beta if beta != 1 else bias).astype(product.dtype) + product
+    if beta != 0:
+        bias = bias.astype(product.dtype)
+        product = (bias * beta if beta != 1 else bias) + product
+    return product.astype(dtype)
 
 
 @register_lowering(
@@ -53,14 +58,14 @@ def mm(a, b):
 
 @register_lowering(aten.addmm.default, aten.baddbmm.default, aten.addmv.default)
 def addmm(bias, a, b, *, beta=1, alpha=1):
-    return _scaled_add(bias, matmul(a, b), beta, alpha)
+    return _scaled_add(bias, _product(a, b), beta, alpha, a.dtype)
 
 
 @register_lowering(aten.addbmm.default)
 def addbmm(bias, b1, b2, *, beta=1, alpha=1):
     acc = accumulation_dtype(b1.dtype)
     product = jnp.einsum("bij,bjk->ik", b1, b2, precision=_HIGHEST, preferred_element_type=acc)
-    return _scaled_add(bias, product.astype(b1.dtype), beta, alpha)
+    return _scaled_add(bias, product, beta, alpha, b1.dtype)
 
 
 # ---- vector norms and distances ----
