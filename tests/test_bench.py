@@ -6,13 +6,14 @@ No assertion here is about speed: only that the harness measures what it says it
 from __future__ import annotations
 
 import json
+import re
 import statistics
 
 import pytest
 import torch
 import torch.nn as nn
 
-from tpu_inductor import bench, bench_models, cli
+from tpu_inductor import bench, bench_models, cli, runtime
 from tpu_inductor.exc import BenchError
 
 _MLP_FLOPS = 2 * 64 * (512 * 2048 + 2048 * 2048 + 2048 * 512)  # the three matmuls of `mlp`
@@ -118,14 +119,24 @@ def test_cli_module_factory_with_training(tmp_path, capsys):
 
 
 def test_training_skipped_without_parameters():
+    no_params, tiny = "tests.test_bench:no_params_factory", "tests.test_bench:tiny_factory"
     settings = bench.Settings(
-        models=("tests.test_bench:no_params_factory",), modes=("eager",), runs=1, warmup=1,
-        train=True, peak_size=64,
+        models=(no_params, tiny), modes=("eager",), runs=1, warmup=1, train=True, peak_size=64,
     )  # fmt: skip
     report = bench.run(settings)
-    inference, train = report["cases"]
+    inference, train, _, tiny_train = report["cases"]
     assert inference["modes"]["eager"]["median_s"] > 0
     assert "no trainable parameters" in train["error"] and not train["modes"]
+    # The model that trained still has its geometric mean; the skipped one is named.
+    assert tiny_train["modes"]["eager"]["vs_eager"] == pytest.approx(1.0)
+    assert report["geomean"]["train"]["eager"] == {
+        "vs_eager": pytest.approx(1.0),
+        "left_out": {"vs_eager": [no_params]},
+    }
+    assert (
+        "Geometric mean over models (train): eager 1.00x vs eager, - vs inductor "
+        f"(1 of 2 models left out, without a result: {no_params})." in bench.markdown(report)
+    )
 
 
 def test_bad_model_name_lists_builtins(capsys):
@@ -179,3 +190,77 @@ def test_a_failing_mode_is_reported_and_the_others_still_measured(monkeypatch):
     )
     text = bench.markdown(report)
     assert "| tpu_inductor | RuntimeError: boom |" in text and "second line" not in text
+
+
+def test_a_compile_failure_shows_its_cause_and_the_header_the_configured_device(monkeypatch):
+    absent = next((p for p in ("tpu", "gpu") if p not in runtime.available_platforms()), None)
+    if absent is None:
+        pytest.skip("this machine has both a TPU and a GPU: no absent device to ask for")
+    monkeypatch.setenv("TPU_INDUCTOR_DEVICE", absent)
+    settings = bench.Settings(
+        models=("overhead-1op",), modes=("eager", "tpu_inductor"), runs=1, warmup=1,
+        peak_size=64,
+    )  # fmt: skip
+    report = bench.run(settings)
+    assert report["machine"]["pjrt_device"] == f"{absent} (not present here)"
+    cause = f"DeviceError: tpu_inductor: device '{absent}' was requested"
+    assert report["cases"][0]["modes"]["tpu_inductor"]["error"].startswith(cause)
+    text = bench.markdown(report)
+    assert f"PJRT {absent} (not present here);" in text
+    assert f"| tpu_inductor | {cause}" in text and f"tpu_inductor failed: {cause}" in text
+
+
+@pytest.mark.parametrize("option", ["--json", "--markdown", "--plot"])
+def test_an_output_path_that_cannot_be_written_fails_before_the_run(
+    tmp_path, capsys, monkeypatch, option
+):
+    monkeypatch.setattr(bench, "run", lambda *_: pytest.fail("benchmarked before the check"))
+    (tmp_path / "file").touch()
+    bad = tmp_path / "file" / "out"
+    fine = {"--json": tmp_path / "new" / "r.json", "--markdown": tmp_path / "new2" / "r.md"}
+    argv = ["bench", "mlp", option, str(bad)]
+    for other, path in fine.items():
+        if other != option:
+            argv += [other, str(path)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert f"cannot write {option} {bad}: a part of its folder is a file" in err
+
+
+def exploding_factory():
+    raise RuntimeError("factory exploded")
+
+
+def exploding_forward_factory():
+    class Exploding(nn.Module):
+        def forward(self, x):
+            raise ValueError("forward exploded")
+
+    return Exploding(), (torch.randn(2),)
+
+
+_FORWARD = "tests.test_bench:exploding_forward_factory"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["tests.test_bench:exploding_factory"], "tests.test_bench:exploding_factory failed "
+         "while building it: RuntimeError: factory exploded"),
+        ([_FORWARD], f"{_FORWARD} failed while calling it in eager torch: ValueError: forward "
+         "exploded"),
+        (["mlp", "--modes", " , "], "no modes given \\(--modes is empty\\); modes: eager, "),
+    ],
+)  # fmt: skip
+def test_a_model_or_mode_error_is_one_line_naming_it(capsys, argv, message):
+    assert cli.main(["bench", *argv, "--runs", "1", "--peak-size", "64"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bar, if any
+    assert re.fullmatch(f"tpu-inductor bench: {message}.*", err), err
+
+
+def test_a_bad_count_says_what_it_wants(capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["bench", "--runs", "abc"])
+    assert exit.value.code == 2
+    assert "argument --runs: must be a positive integer, got 'abc'" in capsys.readouterr().err

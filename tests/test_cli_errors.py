@@ -76,6 +76,25 @@ def test_bad_environment_values_name_the_variable(monkeypatch, name, value, mess
         Options.from_user()
 
 
+def test_an_option_overrides_a_bad_environment_value(monkeypatch):
+    monkeypatch.setenv("TPU_INDUCTOR_CACHE", "maybe")
+    monkeypatch.setenv("TPU_INDUCTOR_CACHE_MAX_MB", "lots")
+    assert Options.from_user({"cache": False, "cache_max_mb": 8}).cache_max_mb == 8
+
+
+def test_disabled_passes_from_the_environment_lose_their_spaces(monkeypatch):
+    monkeypatch.setenv("TPU_INDUCTOR_DISABLE_PASSES", " cleanup , fuse_patterns,, ")
+    assert Options.from_user().disable_passes == ("cleanup", "fuse_patterns")
+
+
+def test_bool_options_take_1_and_0_as_the_table_shows():
+    assert Options.from_user({"resident_params": 0, "cache": 1}).resident_params is False
+    assert Options.from_user({"cache": 1}).cache is True
+    for bad in (2, -1, 1.0, "0"):
+        with pytest.raises(OptionError, match=r"'cache' must be True or False \(or 1 or 0\)"):
+            Options.from_user({"cache": bad})
+
+
 # --- permissions (root ignores mode bits: the child drops the capabilities that let it) --------
 
 
@@ -145,3 +164,40 @@ def test_unreadable_artifact_file_is_an_artifact_error(artifact, tmp_path):
         directory,
     )
     assert "cannot read" in proc.stdout and "weights.safetensors: Permission denied" in proc.stdout
+
+
+@pytest.mark.parametrize("argv", [["ops", "--list"], ["devices"]])
+def test_a_reader_that_leaves_stops_the_command_quietly(argv):
+    """`tpu-inductor ops --list | head -1`: no BrokenPipeError traceback, big output or small."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tpu_inductor.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=_ROOT,
+    )
+    child.stdout.close()  # the reader is gone before the first line
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 1 and err == b""
+
+
+def test_a_path_that_exists_already_is_a_user_error(monkeypatch, capsys):
+    from tpu_inductor import report
+
+    def run(_args):
+        raise FileExistsError(17, "File exists", "/some/where")
+
+    monkeypatch.setattr(report, "_run_explain", run)
+    assert cli.main(["explain", "dump"]) == 2
+    assert capsys.readouterr().err == "tpu-inductor: [Errno 17] File exists: '/some/where'\n"
+
+
+def test_x64_narrow_with_torch_mlir_lowering_is_refused_naming_both(monkeypatch):
+    both = {"x64": "narrow", "lowering": "torch-mlir"}
+    with pytest.raises(OptionError, match=r"option 'x64' is 'narrow' and option 'lowering' is"):
+        Options.from_user(both)
+    monkeypatch.setenv("TPU_INDUCTOR_LOWERING", "torch-mlir")
+    with pytest.raises(OptionError, match=r"environment variable TPU_INDUCTOR_LOWERING is"):
+        Options.from_user({"x64": "narrow"})
+    assert Options.from_user({"x64": "narrow", "lowering": "own"}).x64 == "narrow"
+    # fallback="torch-mlir" still narrows what our rules lower.
+    assert Options.from_user({"x64": "narrow", "lowering": "own", "fallback": "torch-mlir"})

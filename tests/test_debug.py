@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from tpu_inductor.lowering import torch_mlir
 
 from tests.helpers import assert_same, check_against_eager, compile_aten
-from tpu_inductor import cli, config, debug, report, runtime
-from tpu_inductor.exc import CompileError
+from tpu_inductor import cache, cli, config, debug, report, runtime
+from tpu_inductor.exc import CompileError, OptionError
 
 SIZES = (2, 5, 7)  # static, then automatic dynamic (a symbolic graph), then a specialization
 
@@ -136,23 +137,34 @@ def test_compile_json(run_dump):
 def test_shape_change_recompile_is_explained(run_dump):
     _, compiles, messages = run_dump
     forward = _folders(compiles, "forward")
-    assert [c["recompile_reason"] is not None for c in forward] == [False, False, True]
+    assert [c["recompile_reason"] is not None for c in forward] == [False, True, True]
+    # Size 5: Dynamo's new trace, with symbolic sizes, compared with its static trace at 2.
+    retrace = forward[1]["recompile_reason"]
+    assert retrace.startswith("Dynamo traced it again, with symbolic sizes: input 3 ")
+    assert "input 3 (float32[2, 4] → float32[5, 4]): dim 0: 2 → 5" in retrace
+    assert "torch._dynamo.mark_dynamic(input, 0) before the first call" in retrace
+    # Size 7: the symbolic graph compiled for one more size.
     reason = forward[-1]["recompile_reason"]
     assert "input 3 (float32[5, 4] → float32[7, 4]): dim 0: 5 → 7" in reason
     assert "input 2 (a symbolic size): 5 → 7" in reason
-    assert "5 and 7 share the power-of-two bucket 8" in reason
-    graph = forward[-1]["graph"]
-    line = next(m for m in messages if m.startswith("tpu_inductor: recompiling for new input"))
-    assert line == f"tpu_inductor: recompiling for new input sizes ({graph}): {reason}"
+    assert "pad input 3's dim 0 to a few fixed sizes, one compile each" in reason
+    assert "bucket" not in retrace + reason  # not a knob torch.compile users have (yet)
+    graphs = [c["graph"] for c in forward]
+    lines = [m for m in messages if m.startswith("tpu_inductor: recompiling for new input")]
+    assert f"({graphs[1]}, Dynamo's new trace of {graphs[0]}): {retrace}" in lines[0]
+    assert f"tpu_inductor: recompiling for new input sizes ({graphs[2]}): {reason}" in lines
 
 
 def test_explain_recompile_texts():
     old = (((8, 16), "torch.float32"), 3)
     new = (((12, 16), "torch.float32"), 3)
     assert debug.explain_recompile(old, new, same_graph=False) == (
-        "input 0 (float32[8, 16] → float32[12, 16]): dim 0: 8 → 12. To avoid it: mark it "
-        "dynamic (torch._dynamo.mark_dynamic(input, 0)); shape bucketing: 12 falls in the "
-        "power-of-two bucket 16 (8 in 8), one compile per bucket."
+        "input 0 (float32[8, 16] → float32[12, 16]): dim 0: 8 → 12. To avoid it: pad input 0's "
+        "dim 0 to a few fixed sizes, one compile each (torch._dynamo.mark_dynamic(input, 0) "
+        "before the first call spares Dynamo's new traces, not the compile per size)."
+    )
+    assert debug.explain_recompile(old, new, same_graph=True).endswith(
+        "(a graph with symbolic sizes compiles once per size here)."
     )
     dtype = debug.explain_recompile(old, (((8, 16), "torch.bfloat16"), 3), same_graph=True)
     assert dtype.startswith("input 0 (float32[8, 16] → bfloat16[8, 16]): dtype torch.float32")
@@ -163,6 +175,27 @@ def test_explain_recompile_texts():
         old, old, same_graph=True, old_options={"x64": "keep"}, new_options={"x64": "narrow"}
     )
     assert option.startswith("option x64: 'keep' → 'narrow'.")
+
+
+def test_recompile_is_explained_against_the_closest_earlier_compile(caplog):
+    def fn(x):
+        return x.sin() + 1
+
+    torch._dynamo.reset()
+    x = torch.randn(4)
+    with caplog.at_level(logging.INFO, logger="tpu_inductor.debug"):
+        keep = torch.compile(fn, backend="tpu_inductor", options={"cache": False})
+        keep(x)
+        keep(x.double())  # the latest compile: float64 input
+        narrow = {"cache": False, "x64": "narrow"}
+        torch.compile(fn, backend="tpu_inductor", options=narrow)(x)  # as the first, but x64
+    first, latest, last = debug.records[-3:]
+    assert latest.recompile.startswith("input 0 (float32[4] → float64[4])")
+    assert last.recompile == (
+        "option x64: 'keep' → 'narrow'. To avoid it: use the same options for every "
+        "torch.compile of this model."
+    )
+    assert f"({last.graph}, the same graph as {first.graph}): option x64" in caplog.text
 
 
 def test_identical_graph_from_a_static_recompile_says_mark_dynamic(tmp_path, caplog):
@@ -209,6 +242,46 @@ def test_dump_dir_option_and_env(monkeypatch, tmp_path):
     assert "dump_dir" not in options.cache_key_entries()
     monkeypatch.delenv("TPU_INDUCTOR_DUMP_DIR")
     assert config.Options.from_user().dump_dir is None
+
+
+def test_an_empty_dump_dir_is_an_error_not_the_current_directory(monkeypatch):
+    with pytest.raises(OptionError, match="option 'dump_dir' is an empty path.*to dump nothing"):
+        config.Options.from_user({"dump_dir": ""})
+    monkeypatch.setenv("TPU_INDUCTOR_DUMP_DIR", "")
+    with pytest.raises(OptionError, match="variable TPU_INDUCTOR_DUMP_DIR is an empty path"):
+        config.Options.from_user()
+
+
+def test_a_cache_hit_dumps_the_cached_stablehlo_and_optimized_hlo(tmp_path, monkeypatch):
+    """A warm start (emulated in-process: Dynamo reset, memory cache emptied) dumps what it ran."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "torch"))
+    model, x = torch.nn.Linear(4, 5), torch.randn(3, 4)
+    for run in ("cold", "warm"):
+        torch._dynamo.reset()
+        cache.memory_cache.clear()
+        options = {"dump_dir": str(tmp_path / run), "cache_dir": str(tmp_path / "ours")}
+        with torch.no_grad():
+            assert_same(torch.compile(model, backend="tpu_inductor", options=options)(x), model(x))
+    (cold,), (warm,) = (report.load_run(tmp_path / run) for run in ("cold", "warm"))
+    assert warm["cache"]["decision"] == "disk_hit" and warm["cache"]["aot_autograd"] == "hit"
+    # torch's AOTAutogradCache hit too: no ATen graph, and compile.json says why.
+    assert "ATen graph and passes" in warm["cache"]["stages_skipped"]
+    assert warm["files"] == ["00_dynamo_graph.py", "01_stablehlo.mlir", "02_optimized_hlo.txt"]
+    cold_folder, warm_folder = (
+        tmp_path / "cold" / cold["folder"],
+        tmp_path / "warm" / warm["folder"],
+    )
+    assert (warm_folder / "01_stablehlo.mlir").read_text() == (
+        (cold_folder / "03_stablehlo.mlir").read_text()
+    )
+    assert "HloModule" in (warm_folder / "02_optimized_hlo.txt").read_text()
+    # A memory hit (no AOTAutogradCache): the traced stages, then the cached ones, as compiled.
+    options = {"dump_dir": str(tmp_path / "traced"), "cache_dir": str(tmp_path / "ours")}
+    for _ in range(2):
+        compile_aten(torch.sin, [x], options)
+    first, second = report.load_run(tmp_path / "traced")
+    assert second["cache"]["decision"] == "memory_hit" and "stages_skipped" not in second["cache"]
+    assert second["files"] == first["files"] and "04_optimized_hlo.txt" in second["files"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,6 +335,7 @@ def test_compile_failure_error_names_the_reproducer_in_the_dump(tmp_path, monkey
     assert "stablehlo.sine" in (repro / "module.mlir").read_text()  # the graph's own module
     assert c["status"] == "failed" and "tpu_inductor_no_such_target" in c["error"]
     assert c["error"].startswith("pjrt_compile: CompileError")
+    assert set(c["timings"]) >= {"lower", "pjrt_compile"}  # the failed stage's time too
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,9 +349,51 @@ def test_explain_summarizes_the_run(run_dump, capsys):
     assert out.startswith(f"6 compile(s) of 4 graph(s) in {dump}")
     assert "cache: 0 hit(s) of 6 (0%): miss 6" in out
     assert "time per stage (all compiles): lower " in out and "pjrt_compile " in out
-    assert out.count("recompiled: ") == 2
+    assert out.count("recompiled: ") == 4  # forward and backward at sizes 5 and 7
     for c in compiles:
         assert c["folder"] in out
+
+
+def test_explain_and_report_skip_a_damaged_compile_json_and_name_it(
+    run_dump, tmp_path, capsys, caplog
+):
+    dump, compiles, _ = run_dump
+    good = compiles[0]["folder"]
+    shutil.copytree(dump / good, tmp_path / good)
+    text = (dump / good / "compile.json").read_text()
+    damaged = {"900_cut": text[:40], "901_keyless": json.dumps({"id": 1, "graph": "g"})}
+    for folder, content in damaged.items():
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "compile.json").write_text(content)
+    for command in ("explain", "report"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="tpu_inductor.report"):
+            assert cli.main([command, str(tmp_path)]) == 0
+        for folder in damaged:
+            assert f"skipping {tmp_path / folder / 'compile.json'}, which is damaged" in caplog.text
+        assert "missing key(s) cache, compile_id" in caplog.text
+    assert f"1 compile(s) of 1 graph(s) in {tmp_path}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["explain", "report"])
+def test_explain_and_report_of_a_missing_folder_are_an_error_naming_it(tmp_path, capsys, command):
+    missing = tmp_path / "no_such_dump"
+    assert cli.main([command, str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "No such dump folder" in err and str(missing) in err
+    assert not missing.exists()
+
+
+def test_compile_json_is_replaced_whole(tmp_path):
+    record = debug.CompileRecord("forward_x", (), dump_path=tmp_path)
+    debug._write_compile_json(record)
+    before = (tmp_path / "compile.json").stat().st_ino
+    record.status = "ok"
+    debug._write_compile_json(record)
+    assert (tmp_path / "compile.json").stat().st_ino != before  # a new file, renamed in
+    assert json.loads((tmp_path / "compile.json").read_text())["status"] == "ok"
+    assert [p.name for p in tmp_path.iterdir()] == ["compile.json"]
 
 
 class _Page(html.parser.HTMLParser):
@@ -318,7 +434,7 @@ def test_report_html_content(run_dump):
     assert len(page.bars) == sum(len(c["timings"]) for c in compiles)
     assert max(page.bars) == 100.0 and min(page.bars) > 0
     assert page.external == []  # one self-contained file: no script, CDN or image
-    assert text.count("Recompiled: ") == 2 and "decision: miss" in text
+    assert text.count("Recompiled: ") == 4 and "decision: miss" in text
     assert "stablehlo.dot_general" in text  # stage files are embedded
 
 
@@ -404,19 +520,28 @@ def _(x):
     return torch.empty_like(x)
 
 
-def test_fallback_regions_are_dumped_and_reported(tmp_path, capsys):
+@pytest.mark.parametrize("fallback", ["eager", "torch-mlir"])
+def test_fallback_regions_are_dumped_and_reported(tmp_path, capsys, fallback):
+    if fallback == "torch-mlir" and not torch_mlir.available():
+        pytest.skip("torch-mlir is not installed (pip install -e '.[torch-mlir]')")
+
     def fn(x):
         return torch.ops.tpu_inductor_test.eager_only(x.sin()).cos()
 
     torch._dynamo.reset()
-    options = {"dump_dir": str(tmp_path), "cache": False}
+    options = {"dump_dir": str(tmp_path), "cache": False, "fallback": fallback}
     compiled = torch.compile(fn, backend="tpu_inductor", options=options)
     x = torch.randn(5)
     assert_same(compiled(x), fn(x))
     compiles = report.load_run(tmp_path)
-    assert len(compiles) == 2  # the regions before and after the eager op
+    # The regions before and after the eager op (and torch-mlir's failed try at the op itself,
+    # reported only once those regions were compiled).
+    fused = [c for c in compiles if c["graph"].split(".")[1].startswith("fused_")]
+    assert len(fused) == 2 and len(compiles) == (2 if fallback == "eager" else 3)
     for c in compiles:
-        assert c["graph"].split(".")[1].startswith("fused_")
+        (facts,) = c["fallback_ops"].values()
+        assert facts["count"] == 1 and "no lowering rule" in facts["why"]
+    for c in fused:
         assert c["files"][:4] == [
             "00_dynamo_graph.py",
             "01_aten_inference.py",
@@ -424,7 +549,6 @@ def test_fallback_regions_are_dumped_and_reported(tmp_path, capsys):
             "03_region.py",
         ]
         (facts,) = c["fallback_ops"].values()
-        assert facts["count"] == 1 and "no lowering rule" in facts["why"]
         assert "return torch.ops.tpu_inductor_test.eager_only" in facts["sites"][0]
     partitioned = (tmp_path / compiles[0]["folder"] / "02_partitioned.py").read_text()
     assert "torch.ops.tpu_inductor_test.eager_only.default" in partitioned
@@ -432,6 +556,21 @@ def test_fallback_regions_are_dumped_and_reported(tmp_path, capsys):
     assert (
         "ops run in eager torch: tpu_inductor_test.eager_only.default x1" in capsys.readouterr().out
     )
+
+
+def test_unsupported_ops_under_fallback_error_leave_a_failed_compile_in_the_dump(tmp_path):
+    def fn(x):
+        return torch.ops.tpu_inductor_test.eager_only(x.sin()).cos()
+
+    torch._dynamo.reset()
+    options = {"dump_dir": str(tmp_path), "cache": False, "fallback": "error"}
+    with pytest.raises(Exception, match="tpu_inductor_test.eager_only.default"):
+        torch.compile(fn, backend="tpu_inductor", options=options)(torch.randn(5))
+    (c,) = report.load_run(tmp_path)
+    assert c["status"] == "failed" and c["inputs"] == ["float32[5]"]
+    assert c["error"].startswith("partition: UnsupportedOpError: tpu_inductor: these ATen ops")
+    assert c["files"] == ["00_dynamo_graph.py", "01_aten_inference.py"]
+    assert "partition" in c["timings"] and c["fallback_ops"] == {}  # nothing ran in eager
 
 
 def test_torch_set_logs_knows_our_log_names():

@@ -26,6 +26,7 @@ import contextlib
 import copy
 import dataclasses
 import datetime
+import errno
 import logging
 import math
 import os
@@ -79,15 +80,13 @@ def run(settings: Settings, progress: Callable[[str], None] = lambda _step: None
     specs = [bench_models.resolve(name) for name in settings.models]  # bad names fail first
     unknown = [m for m in settings.modes if m not in MODES]
     if unknown or not settings.modes:
-        raise BenchError(
-            f"tpu-inductor bench: unknown mode(s) {unknown or settings.modes}; "
-            f"modes: {', '.join(MODES)}."
-        )
+        what = f"unknown mode(s) {unknown}" if unknown else "no modes given (--modes is empty)"
+        raise BenchError(f"tpu-inductor bench: {what}; modes: {', '.join(MODES)}.")
     if settings.threads:
         torch.set_num_threads(settings.threads)
     progress(f"sgemm peak ({settings.peak_size}x{settings.peak_size})")
     peak = sgemm_peak(settings.peak_size)
-    _import_compilers(settings.modes)
+    pjrt_device = _import_compilers(settings.modes)
     cases = []
     for spec in specs:
         for task in _tasks(spec, settings.train):
@@ -95,7 +94,7 @@ def run(settings: Settings, progress: Callable[[str], None] = lambda _step: None
     return {
         "schema": SCHEMA,
         "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": _machine(settings.modes),
+        "machine": _machine(pjrt_device),
         "versions": _versions(),
         "settings": dataclasses.asdict(settings),
         "sgemm_peak_flops": peak,
@@ -105,15 +104,23 @@ def run(settings: Settings, progress: Callable[[str], None] = lambda _step: None
     }
 
 
-def _import_compilers(modes) -> None:
-    """Import each compiler and start the PJRT client, so no case's first call pays for that."""
+def _import_compilers(modes) -> str | None:
+    """Import each compiler and start the PJRT client, so no case's first call pays for that;
+    returns the PJRT device tpu_inductor runs on (None without that mode)."""
     if "inductor" in modes:
         import torch._inductor.compile_fx  # noqa: F401
-    if "tpu_inductor" in modes:
-        from . import runtime
-        from .lowering import interpreter  # noqa: F401
+    if "tpu_inductor" not in modes:
+        return None
+    from . import runtime
+    from .config import Options
+    from .exc import DeviceError
+    from .lowering import interpreter  # noqa: F401
 
-        runtime.select_device("auto")
+    wanted = Options.from_user().device  # TPU_INDUCTOR_DEVICE, as the cases' compiles see it
+    try:
+        return str(runtime.select_device(wanted))
+    except DeviceError:  # each case's tpu_inductor mode fails and says why
+        return f"{wanted} (not present here)"
 
 
 def _tasks(spec: bench_models.ModelSpec, train: bool) -> tuple[str, ...]:
@@ -126,7 +133,8 @@ def _tasks(spec: bench_models.ModelSpec, train: bool) -> tuple[str, ...]:
 def _run_case(spec, task: str, settings: Settings, progress) -> dict:
     case = {"model": spec.name, "task": task, "kind": spec.kind, "modes": {}}
     steps_left = 2 * len(settings.modes) + settings.runs
-    model, inputs = bench_models.build(spec)
+    with _names_the_model(spec.name, "building it"):
+        model, inputs = bench_models.build(spec)
     if task == "train" and not _trainable(model):
         case["error"] = "no trainable parameters: training step skipped"
         for _ in range(steps_left):
@@ -134,7 +142,8 @@ def _run_case(spec, task: str, settings: Settings, progress) -> dict:
         return case
     torch._dynamo.reset()
     with torch.enable_grad() if task == "train" else torch.no_grad():
-        reference = model(*inputs) if task == "inference" else None
+        with _names_the_model(spec.name, "calling it in eager torch"):
+            reference = model(*inputs) if task == "inference" else None
         runners = {}
         for mode in settings.modes:
             progress(f"{spec.name} {task}: {mode} first call")
@@ -143,8 +152,9 @@ def _run_case(spec, task: str, settings: Settings, progress) -> dict:
                     mode, model, inputs, task, settings.cold
                 )
             except Exception as e:  # one mode failing must not hide the others' numbers
-                log.warning("bench: %s %s %s failed: %s", spec.name, task, mode, e)
-                case["modes"][mode] = {"error": f"{type(e).__name__}: {e}"}
+                error = _error_text(e)
+                log.warning("bench: %s %s %s failed: %s", spec.name, task, mode, error)
+                case["modes"][mode] = {"error": error}
             if reference is not None and mode in runners:
                 case["modes"][mode]["max_abs_err"] = _max_abs_diff(runners[mode][1], reference)
         numbers = {}
@@ -167,6 +177,25 @@ def _run_case(spec, task: str, settings: Settings, progress) -> dict:
     _add_ratios(case)
     torch._dynamo.reset()
     return case
+
+
+@contextlib.contextmanager
+def _names_the_model(name: str, doing: str):
+    """A failure of the user's model code (not one mode's compile) as a BenchError naming it."""
+    try:
+        yield
+    except BenchError:
+        raise
+    except Exception as e:
+        raise BenchError(
+            f"tpu-inductor bench: {name} failed while {doing}: {_one_line(_error_text(e))}"
+        ) from e
+
+
+def _error_text(error: Exception) -> str:
+    """ "Type: message" of what failed: for a compiler failure Dynamo wrapped, of its cause."""
+    cause = getattr(error, "inner_exception", None) or error
+    return f"{type(cause).__name__}: {cause}"
 
 
 def _trainable(model) -> bool:
@@ -369,7 +398,7 @@ def _cpu_times() -> tuple[float, float, float] | None:
 # --- the report -----------------------------------------------------------------------------
 
 
-def _machine(modes) -> dict:
+def _machine(pjrt_device: str | None) -> dict:
     cpu = platform.processor()
     with contextlib.suppress(OSError):
         with open("/proc/cpuinfo") as f:
@@ -383,10 +412,8 @@ def _machine(modes) -> dict:
         "torch_interop_threads": torch.get_num_interop_threads(),
         "platform": platform.platform(),
     }
-    if "tpu_inductor" in modes:
-        from . import runtime
-
-        machine["pjrt_device"] = str(runtime.select_device("auto"))
+    if pjrt_device is not None:
+        machine["pjrt_device"] = pjrt_device
     return machine
 
 
@@ -404,16 +431,22 @@ def _versions() -> dict:
 
 
 def _geomeans(cases: list[dict], modes) -> dict:
-    """Per task: the geometric mean over model cases (not overhead ones) of each mode's ratios."""
+    """Per task: the geometric mean over model cases (not overhead ones) of each mode's ratios,
+    over the cases that have the ratio; the models of the others are listed as "left_out"."""
     result: dict[str, dict] = {}
     for task in dict.fromkeys(c["task"] for c in cases):
         rows = [c for c in cases if c["task"] == task and c["kind"] == "model"]
         for mode in modes:
             for ratio in ("vs_eager", "vs_inductor"):
-                values = [c["modes"].get(mode, {}).get(ratio) for c in rows]
-                if values and all(values):
-                    geomean = math.exp(statistics.fmean(math.log(v) for v in values))
-                    result.setdefault(task, {}).setdefault(mode, {})[ratio] = geomean
+                values = {c["model"]: c["modes"].get(mode, {}).get(ratio) for c in rows}
+                measured = [v for v in values.values() if v]
+                if not measured:
+                    continue
+                entry = result.setdefault(task, {}).setdefault(mode, {})
+                entry[ratio] = math.exp(statistics.fmean(math.log(v) for v in measured))
+                left_out = [model for model, v in values.items() if not v]
+                if left_out:
+                    entry.setdefault("left_out", {})[ratio] = left_out
     return result
 
 
@@ -509,7 +542,19 @@ def markdown(report: dict) -> str:
             "vs inductor"
             for mode, r in modes.items()
         ]
-        lines += ["", f"Geometric mean over models ({task}): " + "; ".join(parts) + "."]
+        models = [c for c in report["cases"] if c["task"] == task and c["kind"] == "model"]
+        left_out = list(
+            dict.fromkeys(
+                m for r in modes.values() for ms in r.get("left_out", {}).values() for m in ms
+            )
+        )
+        note = (
+            f" ({len(left_out)} of {len(models)} models left out, without a result: "
+            f"{', '.join(left_out)})"
+            if left_out
+            else ""
+        )
+        lines += ["", f"Geometric mean over models ({task}): " + "; ".join(parts) + note + "."]
     lines += _stage_table(report["cases"])
     if report["warnings"]:
         lines += ["", "Warnings:", *(f"- {w}" for w in report["warnings"])]
@@ -614,9 +659,12 @@ def add_subcommands(commands) -> None:
 def _positive(text: str) -> int:
     import argparse
 
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return value
 
 
@@ -638,25 +686,45 @@ def _main(args) -> int:
         threads=args.threads,
         cold=not args.warm_caches,
     )
+    _prepare_outputs({"--json": args.json, "--markdown": args.markdown, "--plot": args.plot})
     with _progress_bar(progress_steps(settings)) as progress:  # a BenchError: cli.main reports it
         report = run(settings, progress)
     text = markdown(report)
     print(text)
-    for path, write in (
-        (args.json, lambda p: p.write_text(json.dumps(report, indent=1) + "\n")),
-        (args.markdown, lambda p: p.write_text(text)),
-    ):
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            write(Path(path))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(text)
     if args.plot:
-        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         if not plot(report, args.plot):
             print(
                 "note: no chart written: install matplotlib (pip install -e '.[bench]')",
                 file=sys.stderr,
             )
     return 0
+
+
+def _prepare_outputs(paths: dict[str, str | None]) -> None:
+    """Create the folders of the output files (option → path) before the run: a path that
+    cannot be written fails now, not after minutes of benchmarking (cli.main reports it)."""
+    from pathlib import Path
+
+    for option, path in paths.items():
+        if not path:
+            continue
+        folder = Path(path).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise NotADirectoryError(
+                errno.ENOTDIR,
+                f"cannot write {option} {path}: a part of its folder is a file",
+                str(folder),
+            ) from None
+        if Path(path).is_dir():
+            raise IsADirectoryError(errno.EISDIR, f"{option} names a folder; give a file", path)
+        if not os.access(folder, os.W_OK):
+            raise PermissionError(errno.EACCES, f"cannot write {option} there", path)
 
 
 @contextlib.contextmanager

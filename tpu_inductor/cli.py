@@ -2,13 +2,15 @@
 
 Each module named in `SUBCOMMAND_MODULES` provides `add_subcommands(commands)`, which adds its
 argparse subparsers and sets `run=` on each (a function args -> exit code). `main` turns the
-typed errors of tpu_inductor (and missing or unreadable paths) into a message and exit code 2.
+typed errors of tpu_inductor (and missing or unreadable paths) into a message and exit code 2,
+and stops quietly when its output's reader goes away.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from . import __version__
@@ -69,10 +71,22 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command; a user error (a typed error, a bad path) is one line on stderr, exit 2."""
     args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
+        code = args.run(args)
+        sys.stdout.flush()  # here, where a reader that left is caught, not at exit
+        return code
     except TpuInductorError as e:
         print(e, file=sys.stderr)
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as e:
+    except BrokenPipeError:  # the reader left (`tpu-inductor cache ls | head`): stop quietly
+        # Python's own flush at exit would fail again and print a traceback; send it nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (
+        FileNotFoundError,
+        FileExistsError,
+        NotADirectoryError,
+        IsADirectoryError,
+        PermissionError,
+    ) as e:
         print(f"tpu-inductor: {e}", file=sys.stderr)
     return 2
 

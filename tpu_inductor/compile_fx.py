@@ -20,6 +20,7 @@ from an earlier process, stage 4's lookup only.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import logging
@@ -74,7 +75,13 @@ def _compile_graph(gm, example_inputs, options: Options, static_inputs, kind: st
     )
     if missing:
         if options.fallback != "torch-mlir":  # otherwise reported once torch-mlir had its turn
-            _report_missing(missing, options)
+            stage = contextlib.nullcontext()
+            if options.fallback == "error":  # the failed compile gets a record (a dump folder)
+                concrete = all(_is_concrete(v) for v in example_inputs)
+                inputs = _input_signature(example_inputs) if concrete else ()
+                stage = debug.new_record(name, inputs, options=options).stage("partition")
+            with stage:
+                _report_missing(missing, options)
             debug.fallback_ops(name, missing, device.lowering_platform, options)
         return _boxed_outputs_list(_compile_partitioned(gm, options, device, name))
     return _compile_region(gm, example_inputs, options, device, static_inputs, name)
@@ -335,6 +342,9 @@ def _cached_compile(
     if value is None:
         return None
     executable, lowered = value
+    if record.cache["decision"] in ("memory_hit", "disk_hit"):  # `compile_fn` dumped the others
+        debug.dump_lowered(record, lowered)
+        debug.dump_executable(record, executable)
     static = static_inputs if options.resident_params else ()
     return runtime.CompiledGraph(executable, lowered, device, static, graph_key)
 
@@ -356,6 +366,7 @@ def load_cached(
         f"{kind}_{next(_graph_ids)}", _input_signature(example_inputs), options=options
     )
     record.cache["aot_autograd"] = "hit"
+    record.cache["stages_skipped"] = "ATen graph and passes: nothing was traced in this process"
     compiled = _cached_compile(graph_key, options, device, static_inputs, record, None)
     if compiled is None:
         record.status, record.error = "failed", "not in the compile cache: compiled again"

@@ -55,17 +55,26 @@ class Options:
                 f"tpu_inductor: mode={mode!r} is not supported; use mode=None or 'default' "
                 "(tune with options={...} instead)."
             )
-        values = {
-            k: (v, f"environment variable {_env_name(k)}") for k, v in _env_defaults().items()
+        given = options or {}
+        values = {  # an env value the dict overrides is not read (a bad one does not matter)
+            k: (v, f"environment variable {_env_name(k)}")
+            for k, v in _env_defaults(skip=given.keys()).items()
         }
-        for key, value in (options or {}).items():
+        for key, value in given.items():
             if key not in _FIELDS:
                 raise OptionError(
                     f"tpu_inductor: unknown option {key!r} (value {value!r}). "
                     f"Allowed options: {', '.join(sorted(_FIELDS))}."
                 )
             values[key] = (value, f"option {key!r}")
-        return cls(**{k: _check(k, v, source) for k, (v, source) in values.items()})
+        options = cls(**{k: _check(k, v, source) for k, (v, source) in values.items()})
+        if options.x64 == "narrow" and options.lowering == "torch-mlir":
+            raise OptionError(
+                f"tpu_inductor: {values['x64'][1]} is 'narrow' and {values['lowering'][1]} is "
+                "'torch-mlir': torch-mlir's importer keeps int64/float64, so nothing would be "
+                "narrowed. Use x64='keep' with lowering='torch-mlir', or lowering='own' to narrow."
+            )
+        return options
 
     def cache_key_entries(self) -> dict[str, Any]:
         """The options that change compiled code, for the compile cache key."""
@@ -82,13 +91,18 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Options)}
 NOT_IN_CACHE_KEY = frozenset({"resident_params", "cache", "cache_dir", "cache_max_mb", "dump_dir"})
 
 
+# What leaving each path option unset means (an empty path is an error, not that).
+_UNSET_PATH = {"cache_dir": "for the user's cache directory", "dump_dir": "to dump nothing"}
+
+
 def _env_name(name: str) -> str:
     return f"TPU_INDUCTOR_{name.upper()}"
 
 
-def _env_defaults() -> dict[str, Any]:
+def _env_defaults(skip=()) -> dict[str, Any]:
+    """The options set by `TPU_INDUCTOR_<NAME>` environment variables, but those in `skip`."""
     values: dict[str, Any] = {}
-    for name in _FIELDS:
+    for name in (n for n in _FIELDS if n not in skip):
         raw = os.environ.get(_env_name(name))
         if raw is not None:
             values[name] = _parse_env(name, raw)
@@ -108,7 +122,7 @@ def _parse_env(name: str, raw: str) -> Any:
             "boolean; use 1/0, true/false, yes/no or on/off."
         )
     if kind.startswith("tuple"):
-        return tuple(part for part in raw.split(",") if part)
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
     if kind == "int":
         try:
             return int(raw)
@@ -130,8 +144,12 @@ def _check(name: str, value: Any, source: str) -> Any:
             )
         return value
     if kind == "bool":
+        if type(value) is int and value in (0, 1):  # as in the env var: resident_params=0
+            return bool(value)
         if not isinstance(value, bool):
-            raise OptionError(f"tpu_inductor: {source} must be True or False, got {value!r}.")
+            raise OptionError(
+                f"tpu_inductor: {source} must be True or False (or 1 or 0), got {value!r}."
+            )
         return value
     if kind.startswith("tuple"):
         if isinstance(value, str) or not all(isinstance(v, str) for v in value):
@@ -146,10 +164,10 @@ def _check(name: str, value: Any, source: str) -> Any:
     if kind == "str | None":
         if value is not None and not isinstance(value, (str, os.PathLike)):
             raise OptionError(f"tpu_inductor: {source} must be a path or None, got {value!r}.")
-        if name == "cache_dir" and value is not None and not os.fspath(value):
+        if value is not None and not os.fspath(value):
             raise OptionError(
                 f"tpu_inductor: {source} is an empty path; give a directory, or leave it unset "
-                "for the user's cache directory."
+                f"{_UNSET_PATH[name]}."
             )
         return None if value is None else os.fspath(value)
     raise AssertionError(f"unhandled option type {kind} for {name}")  # a bug in this module

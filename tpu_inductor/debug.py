@@ -90,11 +90,14 @@ class CompileRecord:
         try:
             yield
         except Exception as e:
+            self._add_time(name, start)  # before compile.json is written, so it has the time
             self.status, self.error = "failed", f"{name}: {type(e).__name__}: {e}"
             _write_compile_json(self)
             raise
-        finally:
-            self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+        self._add_time(name, start)
+
+    def _add_time(self, name: str, start: float) -> None:
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
 
     @property
     def label(self) -> str:
@@ -190,9 +193,9 @@ def dynamo_graph(gm: torch.fx.GraphModule, options: Options) -> None:
 
 def graph_stage(name: str, stage: str, gm: torch.fx.GraphModule, options: Options) -> None:
     """A graph-level stage of graph `name` (e.g. "aten_forward", "partitioned")."""
+    _compile_ids.setdefault(name, _compile_id())  # recompile explanations read it, too
     if not _active(options):
         return
-    _compile_ids.setdefault(name, _compile_id())
     item = _Stage(stage, {".py": readable(gm)})
     _emit(name, item, name)
     if options.dump_dir is not None:
@@ -200,10 +203,14 @@ def graph_stage(name: str, stage: str, gm: torch.fx.GraphModule, options: Option
 
 
 def fallback_ops(name: str, missing: dict[str, list[str]], platform: str, options: Options):
-    """Ops of graph `name` that run in eager torch, their source lines and why."""
+    """Ops of graph `name` that run in eager torch, their source lines and why.
+
+    Reported before its regions compile (fallback="eager") or after them (fallback="torch-mlir",
+    once torch-mlir had its turn): so the states and records of its regions get them too.
+    """
     if options.dump_dir is None:
         return
-    _state(name).fallback = {
+    fallback = {
         op: {
             "count": len(sites),
             "sites": list(dict.fromkeys(sites)),
@@ -211,6 +218,14 @@ def fallback_ops(name: str, missing: dict[str, list[str]], platform: str, option
         }
         for op, sites in sorted(missing.items())
     }
+    _state(name).fallback = fallback
+    for graph, state in _graphs.items():
+        if graph.startswith(f"{name}."):
+            state.fallback = fallback
+    for record in records:
+        if record.graph == name or record.graph.startswith(f"{name}."):
+            record.fallback = fallback
+            _write_compile_json(record)
 
 
 def pass_hook(name: str, gm: torch.fx.GraphModule, options: Options) -> Callable | None:
@@ -340,9 +355,13 @@ def compile_summary(record: CompileRecord) -> dict[str, Any]:
 
 
 def _write_compile_json(record: CompileRecord) -> None:
-    if record.dump_path is not None:
-        text = json.dumps(compile_summary(record), indent=1, default=str)
-        (record.dump_path / "compile.json").write_text(text + "\n")
+    """Write (or rewrite) compile.json atomically: a reader never sees half of it."""
+    if record.dump_path is None:
+        return
+    text = json.dumps(compile_summary(record), indent=1, default=str)
+    temp = record.dump_path / f".compile.json.{os.getpid()}.tmp"  # the folder is this process's
+    temp.write_text(text + "\n")
+    os.replace(temp, record.dump_path / "compile.json")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,11 +383,6 @@ def _is_tensor_entry(value: Any) -> bool:
         and isinstance(value[0], tuple)
         and isinstance(value[1], str)
     )
-
-
-def _bucket(size: int) -> int:
-    """The power-of-two bucket a size falls in."""
-    return 1 if size <= 1 else 1 << (size - 1).bit_length()
 
 
 def explain_recompile(
@@ -423,42 +437,89 @@ def _tensor_change(position: int, before, after, advice: list[str], same_graph: 
         advice.append(f"keep input {position}'s rank fixed")
         return f"{what}: rank {len(old_shape)} → {len(new_shape)}"
     dims = [d for d, (a, b) in enumerate(zip(old_shape, new_shape)) if a != b]
-    for d in dims:
-        a, b = old_shape[d], new_shape[d]
-        if not same_graph:
-            advice.append(f"mark it dynamic (torch._dynamo.mark_dynamic(input, {d}))")
-        if _bucket(a) == _bucket(b):
-            advice.append(
-                f"shape bucketing: {a} and {b} share the power-of-two bucket {_bucket(a)}"
-            )
-        else:
-            advice.append(
-                f"shape bucketing: {b} falls in the power-of-two bucket {_bucket(b)} "
-                f"({a} in {_bucket(a)}), one compile per bucket"
-            )
+    for d in dims:  # graphs with symbolic sizes are compiled once per size (README: Shapes)
+        why = (
+            "a graph with symbolic sizes compiles once per size here"
+            if same_graph
+            else f"torch._dynamo.mark_dynamic(input, {d}) before the first call spares Dynamo's "
+            "new traces, not the compile per size"
+        )
+        advice.append(
+            f"pad input {position}'s dim {d} to a few fixed sizes, one compile each ({why})"
+        )
     return what + ": " + ", ".join(f"dim {d}: {old_shape[d]} → {new_shape[d]}" for d in dims)
 
 
 def _explain_if_recompile(record: CompileRecord) -> None:
-    same = [r for r in records if r.fingerprint == record.fingerprint]
-    if not same or any(r.inputs == record.inputs and r.options == record.options for r in same):
-        return  # a first compile, or the same program again (a cache hit)
-    previous = same[-1]
+    same = [(r, r.inputs) for r in records if r.fingerprint == record.fingerprint]
+    if any(r.inputs == record.inputs and r.options == record.options for r, _ in same):
+        return  # the same program again (a cache hit)
+    candidates = same or _earlier_traces(record)
+    if not candidates:
+        return  # a first compile
+    # The closest earlier compile (the latest of equals) names the change that mattered.
+    previous, old_inputs = min(reversed(candidates), key=lambda c: _differences(*c, record))
     record.recompile = explain_recompile(
-        previous.inputs,
+        old_inputs,
         record.inputs,
         same_graph=previous.graph == record.graph,
         old_options=previous.options,
         new_options=record.options,
     )
-    same_as = "" if previous.graph == record.graph else f", the same graph as {previous.graph}"
+    if previous.graph == record.graph:
+        same_as = ""
+    elif previous.fingerprint == record.fingerprint:
+        same_as = f", the same graph as {previous.graph}"
+    else:
+        same_as = f", Dynamo's new trace of {previous.graph}"
+        record.recompile = f"Dynamo traced it again, with symbolic sizes: {record.recompile}"
     log.info(
         "tpu_inductor: recompiling for new %s (%s%s): %s",
-        _what_changed(previous.inputs, record.inputs),
+        _what_changed(old_inputs, record.inputs),
         record.graph,
         same_as,
         record.recompile,
     )
+
+
+def _earlier_traces(record: CompileRecord) -> list[tuple[CompileRecord, tuple]]:
+    """Compiles of the same part (e.g. the forward, or its region fused_0) in Dynamo's earlier
+    traces of the same frame, each with its tensor inputs laid over `record`'s inputs (a graph
+    with symbolic sizes takes the sizes as extra inputs)."""
+    new_id = record.compile_id
+    if not getattr(new_id, "frame_compile_id", None):
+        return []
+    tensors = [i for i, v in enumerate(record.inputs) if _is_tensor_entry(v)]
+    found = []
+    for r in records:
+        old_id = r.compile_id
+        if (
+            getattr(old_id, "frame_id", None) != new_id.frame_id
+            or (old_id.frame_compile_id or 0) >= new_id.frame_compile_id
+            or _part(r.graph) != _part(record.graph)
+        ):
+            continue
+        old_tensors = [v for v in r.inputs if _is_tensor_entry(v)]
+        if len(old_tensors) == len(tensors):
+            laid_over = list(record.inputs)
+            for i, value in zip(tensors, old_tensors):
+                laid_over[i] = value
+            found.append((r, tuple(laid_over)))
+    return found
+
+
+def _part(graph: str) -> str:
+    """A graph's name without its number: "forward_3.fused_0" → "forward.fused_0"."""
+    name, dot, region = graph.partition(".")
+    return name.rpartition("_")[0] + dot + region
+
+
+def _differences(earlier: CompileRecord, inputs: tuple, record: CompileRecord) -> int:
+    """How many inputs and options of `record` differ from an earlier compile's."""
+    changed = sum(a != b for a, b in zip(inputs, record.inputs))
+    keys = set(earlier.options) | set(record.options)
+    options = sum(earlier.options.get(k) != record.options.get(k) for k in keys)
+    return changed + abs(len(inputs) - len(record.inputs)) + options
 
 
 def _what_changed(old: tuple, new: tuple) -> str:

@@ -9,21 +9,54 @@ and the recompile reason; `repro DIR` recompiles a failed compile's reproducer.
 from __future__ import annotations
 
 import collections
+import errno
 import html
 import json
+import logging
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 # Stage files embedded in the report are cut past this many characters (the link has it all).
 _EMBED_LIMIT = 200_000
 _HIT_DECISIONS = ("memory_hit", "disk_hit")
 
 
+# What this module reads of each compile.json (debug.compile_summary writes these and more).
+_KEYS = frozenset(
+    {"id", "graph", "compile_id", "status", "error", "inputs", "timings", "cache"}
+    | {"recompile_reason", "options", "fallback_ops", "files"}
+)
+
+
 def load_run(dump_dir: str | Path) -> list[dict[str, Any]]:
-    """Every compile.json under `dump_dir`, oldest first, each with its "folder" added."""
+    """Every compile.json under `dump_dir`, oldest first, each with its "folder" added.
+
+    A missing `dump_dir` is an error; a damaged compile.json (e.g. of a process killed while
+    writing it) is skipped with a warning that names it.
+    """
+    root = Path(dump_dir)
+    if not root.is_dir():
+        error = NotADirectoryError if root.exists() else FileNotFoundError
+        raise error(
+            errno.ENOTDIR if root.exists() else errno.ENOENT,
+            "No such dump folder (a run with TPU_INDUCTOR_DUMP_DIR=DIR or options "
+            "{'dump_dir': DIR} writes one)",
+            str(root),
+        )
     compiles = []
-    for path in sorted(Path(dump_dir).glob("*/compile.json")):
-        summary = json.loads(path.read_text())
+    for path in sorted(root.glob("*/compile.json")):
+        try:
+            summary = json.loads(path.read_text())
+            if not isinstance(summary, dict):
+                raise ValueError("not a JSON object")
+            missing = _KEYS - summary.keys()
+            if missing:
+                raise ValueError(f"missing key(s) {', '.join(sorted(missing))}")
+        except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError included
+            log.warning("tpu-inductor: skipping %s, which is damaged: %s", path, e)
+            continue
         summary["folder"] = path.parent.name
         compiles.append(summary)
     return sorted(compiles, key=lambda c: (c["id"], c["folder"]))
@@ -41,11 +74,11 @@ def _decision(summary: dict) -> str:
     return summary["cache"].get("decision", "unknown")
 
 
-def explain(dump_dir: str | Path) -> str:
-    """A plain-text summary of the run dumped in `dump_dir`."""
-    compiles = load_run(dump_dir)
+def explain(dump_dir: str | Path, compiles: list[dict[str, Any]] | None = None) -> str:
+    """A plain-text summary of the run dumped in `dump_dir` (its `load_run`, unless given)."""
+    compiles = load_run(dump_dir) if compiles is None else compiles
     if not compiles:
-        return f"no compiles found in {dump_dir} (no */compile.json)"
+        return f"no compiles found in {dump_dir} (no readable */compile.json)"
     graphs = {c["graph"] for c in compiles}
     decisions = collections.Counter(_decision(c) for c in compiles)
     hits = sum(decisions[d] for d in _HIT_DECISIONS)
@@ -106,7 +139,7 @@ def render_html(dump_dir: str | Path) -> str:
     root = Path(dump_dir)
     compiles = load_run(root)
     longest = max((t for c in compiles for t in c["timings"].values()), default=0.0) or 1.0
-    summary = html.escape(explain(root))
+    summary = html.escape(explain(root, compiles))
     body = ["<h1>tpu_inductor compile report</h1>", f"<pre class='summary'>{summary}</pre>"]
     body += [_section(root, c, longest) for c in compiles]
     return (
