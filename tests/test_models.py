@@ -176,3 +176,34 @@ def test_gpt_adamw_training_loop():
     actual = _train(_compiled(_gpt()), 20)
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=0)
     assert expected[-1] < 0.9 * expected[0]  # the loop does train (one batch, overfit)
+
+
+def test_whole_training_step_compiles_without_eager_fallback():
+    """Optimizer step, gradient clipping and a Python-float loss weight inside the compiled
+    function: the ops they bring (foreach norm and mul, prims.fma, float64→float32 conversion
+    of the weight) all lower, and the parameters follow eager's."""
+
+    def make():
+        torch.manual_seed(0)
+        model = _mlp()
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def step(model, opt, x, y, weight):
+        loss = F.mse_loss(model(x), y) * weight
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    (model, opt), (reference, reference_opt) = make(), make()
+    compiled = torch.compile(
+        step, backend="tpu_inductor", options={"fallback": "error"}, dynamic=True
+    )
+    x, y = torch.randn(8, 16), torch.randn(8, 4)
+    for weight in (1.0, 0.5, 0.25):  # a new float each step: a symbolic scalar input
+        assert_same(
+            compiled(model, opt, x, y, weight), step(reference, reference_opt, x, y, weight)
+        )
+    for got, want in zip(model.parameters(), reference.parameters()):
+        assert_same(got, want, rtol=1e-5, atol=1e-6)

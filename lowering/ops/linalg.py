@@ -97,6 +97,30 @@ def linalg_vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     return vector_norm(x, float(ord), axis, keepdim).astype(ctx.out_dtype)
 
 
+# ---- foreach ops (clip_grad_norm_ in a compiled training step): one result per tensor ----
+
+
+@register_lowering(aten._foreach_norm.Scalar, needs_ctx=True)
+def foreach_norm(ctx, tensors, ord=2, dtype=None):
+    results = []
+    for x, val in zip(tensors, ctx.out):
+        out = ctx.jax_dtype(val.dtype)
+        x = x if jnp.iscomplexobj(x) else cast(x, accumulation_dtype(out))
+        results.append(vector_norm(x, float(ord), tuple(range(x.ndim))).astype(out))
+    return results
+
+
+@register_lowering(
+    aten._foreach_mul.Tensor, aten._foreach_mul.Scalar, aten._foreach_mul.List, needs_ctx=True
+)
+def foreach_mul(ctx, tensors, other):
+    others = other if isinstance(other, (list, tuple)) else [other] * len(tensors)
+    return [
+        (cast(x, accumulation_dtype(x.dtype)) * y).astype(ctx.jax_dtype(val.dtype))
+        for x, y, val in zip(tensors, others, ctx.out)
+    ]
+
+
 @register_lowering(aten.dist.default, needs_ctx=True)
 def dist(ctx, a, b, p=2):
     diff = cast(a, ctx.promoted_dtype()) - cast(b, ctx.promoted_dtype())

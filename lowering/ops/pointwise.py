@@ -120,6 +120,11 @@ for _op, _fn in _COMPARE.items():
     elementwise(_op, compute="promoted")(_fn)
 
 
+@elementwise(ops.prims.fma)  # torch's decompositions of addcmul and lerp: a * b + c
+def fma(a, b, c):
+    return a * b + c
+
+
 @elementwise(aten.add)
 def add(a, b, *, alpha=1):
     return a + b * alpha if alpha != 1 else a + b
@@ -135,7 +140,7 @@ def rsub(a, b, *, alpha=1):
     return b - a * alpha if alpha != 1 else b - a
 
 
-@elementwise(aten.div.Tensor, aten.div.Scalar)
+@elementwise(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor, aten.true_divide.Scalar)
 def div(a, b):
     return a / b
 

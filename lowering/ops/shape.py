@@ -211,6 +211,11 @@ def identity(x, *, memory_format=None):
     return x
 
 
+@register_lowering(ops.prims.convert_element_type.default, needs_ctx=True)
+def convert_element_type(ctx, x, dtype):
+    return cast(x, ctx.out_dtype)
+
+
 @register_lowering(aten._to_copy.default, needs_ctx=True)
 def to_copy(
     ctx,
