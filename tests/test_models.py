@@ -180,13 +180,13 @@ def test_gpt_adamw_training_loop():
 
 def test_whole_training_step_compiles_without_eager_fallback():
     """Optimizer step, gradient clipping and a Python-float loss weight inside the compiled
-    function: the ops they bring (foreach norm and mul, prims.fma, float64→float32 conversion
+    function: the ops they bring (foreach norm and mul, true_divide, float64→float32 conversion
     of the weight) all lower, and the parameters follow eager's."""
 
     def make():
         torch.manual_seed(0)
         model = _mlp()
-        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+        return model, torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
 
     def step(model, opt, x, y, weight):
         loss = F.mse_loss(model(x), y) * weight

@@ -120,11 +120,6 @@ for _op, _fn in _COMPARE.items():
     elementwise(_op, compute="promoted")(_fn)
 
 
-@elementwise(ops.prims.fma)  # torch's decompositions of addcmul and lerp: a * b + c
-def fma(a, b, c):
-    return a * b + c
-
-
 @elementwise(aten.add)
 def add(a, b, *, alpha=1):
     return a + b * alpha if alpha != 1 else a + b

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
+import torch._prims  # noqa: F401  (defines the prims ops registered below)
 from jax import lax
 from torch._ops import ops
 
