@@ -56,6 +56,7 @@ _PYTHON_TARGETS: dict[Any, Callable] = {
     torch.sym_float: float,
     torch.sym_max: max,
     torch.sym_min: min,
+    torch.sym_sum: sum,
     torch.sym_not: operator.not_,
     aten.sym_size.int: lambda x, dim: x.shape[dim],
     aten.sym_numel.default: lambda x: math.prod(x.shape),

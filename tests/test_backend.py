@@ -203,6 +203,18 @@ def test_symbolic_graph_is_lowered_at_each_size_not_the_first_traced():
             assert_same(got, want)
 
 
+def test_size_arithmetic_of_symbolic_graphs_is_evaluated_not_left_to_eager():
+    """torch.sym_sum (HF's dynamic RoPE sums sizes with it) is size arithmetic, not an op."""
+
+    def f(x, y):
+        return torch.zeros(torch.sym_sum([x.shape[0], x.shape[1], y.shape[0]])) + 1
+
+    compiled = torch.compile(f, backend="tpu_inductor", options={"fallback": "error"}, dynamic=True)
+    for rows, cols in ((2, 3), (4, 5)):
+        x, y = torch.randn(rows, cols), torch.randn(rows + 1)
+        assert_same(compiled(x, y), f(x, y))
+
+
 def test_input_mutation_is_written_back():
     def f(buf, x):
         buf.add_(x)
