@@ -166,8 +166,13 @@ def _passed_through_inputs(gm, tensor_inputs) -> list[int | None]:
     returning them), else None. Returned as module results, XLA would copy them."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     tensors = {placeholders[i]: i for i in tensor_inputs}
+    return [tensors.get(node) for node in _flat_outputs(gm)]
+
+
+def _flat_outputs(gm) -> list:
+    """The graph's outputs, flattened (nodes, or constants)."""
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
-    return [tensors.get(node) for node in flatten(output_node.args[0])]
+    return list(flatten(output_node.args[0]))
 
 
 def _views_of_outputs(gm, passed_through) -> dict[int, tuple]:
@@ -178,11 +183,7 @@ def _views_of_outputs(gm, passed_through) -> dict[int, tuple]:
     an output have no base to view.)"""
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    output_node = next(n for n in gm.graph.nodes if n.op == "output")
-    vals = [
-        n.meta.get("val") if isinstance(n, torch.fx.Node) else None
-        for n in flatten(output_node.args[0])
-    ]
+    vals = [n.meta.get("val") if isinstance(n, torch.fx.Node) else None for n in _flat_outputs(gm)]
     bases: dict[Any, int] = {}
     for index, val in enumerate(vals):
         if (
@@ -205,8 +206,7 @@ def _views_of_outputs(gm, passed_through) -> dict[int, tuple]:
 
 def _output_specs(gm, slots, mutations, inputs) -> tuple[TensorSpec, ...]:
     """torch dtypes of the module results, from the output node's metadata."""
-    output_node = next(n for n in gm.graph.nodes if n.op == "output")
-    flat_nodes = list(flatten(output_node.args[0]))
+    flat_nodes = _flat_outputs(gm)
     specs: list[TensorSpec | None] = []
     for node, slot in zip(flat_nodes, slots):
         if slot.result is None:

@@ -221,8 +221,8 @@ class _Transfer:
         return jax.device_put(array, self.device)
 
     def aliases(self, array, tensor: torch.Tensor) -> bool:
-        """Whether `array` reads `tensor`'s memory (a zero-copy transfer), not a copy of it."""
-        return self.on_cpu and array.unsafe_buffer_pointer() == tensor.data_ptr()
+        """Whether a CPU `array` reads `tensor`'s memory (a zero-copy transfer), not a copy."""
+        return array.unsafe_buffer_pointer() == tensor.data_ptr()
 
     def to_torch(self, array) -> torch.Tensor:
         """A CPU torch tensor of a device array (zero-copy on CPU)."""
