@@ -259,6 +259,19 @@ def test_transposed_and_sliced_inputs_are_copied_not_misread():
     assert_same(f(a, b), a @ b + 1)
 
 
+def test_conjugate_and_negative_view_inputs_are_read_with_their_sign():
+    # x.conj() and torch._neg_view share the storage and set a lazy bit that dlpack drops.
+    f = _compile(lambda x: x + 1)
+    c = torch.tensor([1 + 2j, 3 - 4j]).conj()
+    n = torch._neg_view(torch.tensor([1.0, 2.0]))
+    assert_same(f(c), c + 1)
+    assert_same(f(n), n + 1)
+    g = _compile(lambda x: x.mul_(2))
+    c_eager = torch.tensor([1 + 2j, 3 - 4j]).conj()
+    g(c)
+    assert_same(c, c_eager.mul_(2))
+
+
 def _update_in_place(model):
     model.weight.mul_(3)
     model.bias.add_(1)

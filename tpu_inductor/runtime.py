@@ -204,6 +204,8 @@ class _Transfer:
     def to_device(self, tensor: torch.Tensor):
         """A jax array on the device holding `tensor`'s values (contiguous, aligned first)."""
         tensor = tensor.detach()
+        if tensor.is_conj() or tensor.is_neg():  # lazy bits dlpack would drop: apply them
+            tensor = tensor.resolve_conj().resolve_neg()
         if not tensor.is_contiguous():
             tensor = tensor.contiguous()
         elif tensor.data_ptr() % _ALIGNMENT:
