@@ -6,10 +6,15 @@ symbols give the sizes of the trace that made the graph, not of the inputs being
 `new_zeros(n + 1)` would keep the first trace's length. So a symbolic graph is first copied with
 its metadata propagated again through fake tensors of the concrete inputs: every rule, and the
 interpreter's shape checks, then see the sizes being compiled.
+
+An integer input that is only a value (a step counter multiplied into a tensor), never a size,
+is not compiled in: `value_only_integer_inputs` finds those, and they are passed to the module
+as 0-d int64 tensors, so that a new value is not a new compile.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from copy import deepcopy
 from typing import Any
@@ -17,6 +22,10 @@ from typing import Any
 import torch
 
 from ..exc import LoweringError
+from . import registry
+
+# Size arithmetic the interpreter evaluates that stays exact on a traced integer.
+_INTEGER_ARITHMETIC = frozenset({operator.add, operator.sub, operator.mul, operator.neg})
 
 
 def is_symbolic(gm: torch.fx.GraphModule) -> bool:
@@ -53,6 +62,45 @@ def with_concrete_sizes(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> torc
             "Compile with static shapes (torch.compile(..., dynamic=False)) or report the graph."
         ) from e
     return copy
+
+
+def value_only_integer_inputs(gm: torch.fx.GraphModule, platform: str | None) -> frozenset[int]:
+    """Positions of the SymInt inputs whose symbol is in no size, stride or offset, and whose
+    uses are integer arithmetic and elementwise rules only (which take a traced 0-d array as a
+    scalar argument): nothing reads their value at compile time."""
+    in_sizes = set()
+    for node in gm.graph.nodes:
+        for value in _flat_values(node.meta.get("val")):
+            if isinstance(value, torch.Tensor):
+                for d in (*value.shape, *value.stride(), value.storage_offset()):
+                    if isinstance(d, torch.SymInt):
+                        in_sizes |= d.node.expr.free_symbols
+    positions = set()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for position, node in enumerate(placeholders):
+        value = node.meta.get("val")
+        if (
+            isinstance(value, torch.SymInt)
+            and value.node.expr.is_Symbol
+            and value.node.expr not in in_sizes
+            and _used_as_value_only(node, platform)
+        ):
+            positions.add(position)
+    return frozenset(positions)
+
+
+def _used_as_value_only(node: torch.fx.Node, platform: str | None) -> bool:
+    for user in node.users:
+        if user.op != "call_function":
+            return False  # a graph output: the caller wants the Python number
+        if user.target in _INTEGER_ARITHMETIC:
+            if not _used_as_value_only(user, platform):
+                return False
+            continue
+        rule = registry.lookup(user.target, platform)
+        if rule is None or not getattr(rule.fn, "takes_traced_scalars", False):
+            return False
+    return True
 
 
 def _flat_values(value) -> list:

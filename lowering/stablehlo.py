@@ -1,7 +1,8 @@
 """`lower(gm, inputs, ...) -> LoweredModule`: an ATen FX graph as a StableHLO module.
 
 The graph is evaluated by the interpreter inside `jax.jit(...).trace(...)`, for the concrete
-input shapes given (SymInt inputs are specialized to their values), and lowered for one PJRT
+input shapes given (SymInt inputs are specialized to their values, or passed as 0-d tensors when
+they are values only: `scalar_inputs`), and lowered for one PJRT
 platform. The LoweredModule says how to call the module and rebuild torch's outputs: which
 graph inputs are tensors, what each graph output is (a module result or a Python value), which
 inputs the graph mutates, and whether it takes a per-call random seed.
@@ -89,15 +90,21 @@ def lower(
     *,
     platform: str = "cpu",
     x64: str = "keep",
+    scalar_inputs: frozenset[int] = frozenset(),
 ) -> LoweredModule:
-    """Lower `gm` for `inputs` (tensors or fake tensors, and concrete ints) on `platform`."""
+    """Lower `gm` for `inputs` (tensors or fake tensors, and concrete ints) on `platform`.
+
+    `scalar_inputs`: positions of SymInt inputs given as 0-d int64 tensors, module arguments
+    (see `specialize.value_only_integer_inputs`).
+    """
     import jax
 
     from . import specialize
     from .prng import threefry_unrolled
 
     if specialize.is_symbolic(gm):
-        gm = specialize.with_concrete_sizes(gm, inputs)
+        values = [int(v) if i in scalar_inputs else v for i, v in enumerate(inputs)]
+        gm = specialize.with_concrete_sizes(gm, values)
     runner = GraphRunner(gm, x64=x64, platform=platform)
     tensor_inputs, specs = tensor_input_specs(inputs)
     passed_through = _passed_through_inputs(gm, tensor_inputs)

@@ -215,6 +215,55 @@ def test_size_arithmetic_of_symbolic_graphs_is_evaluated_not_left_to_eager():
         assert_same(compiled(x, y), f(x, y))
 
 
+def _compiles_of(fn, calls) -> int:
+    """Call `fn` = (compiled, eager) on each of `calls`, checking results; the compiles made."""
+    before = len(debug.records)
+    for args in calls:
+        assert_same(fn[0](*args), fn[1](*args))
+    return sum(record.status != "failed" for record in debug.records[before:])
+
+
+@pytest.mark.parametrize("x64", ["keep", "narrow"])
+def test_integer_values_are_module_arguments_not_one_compile_per_value(x64):
+    """Dynamo makes an int argument that changes symbolic; used only as a value (a step counter),
+    it is passed to the module, not compiled in: 10 values, 2 compiles (static, then symbolic)."""
+
+    def f(x, step):
+        return x * step + (step * 2 - 1)
+
+    compiled = _compile(f, x64=x64)
+    for x in (torch.randn(4), torch.arange(4, dtype=torch.int32)):
+        torch._dynamo.reset()
+        assert _compiles_of((compiled, f), [(x, step) for step in range(2, 12)]) == 2
+
+    def sized(x, n):  # n is a size here: compiled once per value, still right
+        return torch.full((3,), n) + x.sum(), (x * n, n + 1)
+
+    assert _compiles_of((_compile(sized), sized), [(torch.randn(4), n) for n in range(2, 5)]) == 3
+
+
+def test_integer_values_fall_back_to_constants_when_they_fail_to_lower(monkeypatch, caplog):
+    from tpu_inductor.lowering import stablehlo
+
+    lower = stablehlo.lower
+
+    def refusing(gm, inputs, *, scalar_inputs=frozenset(), **kwargs):
+        if scalar_inputs:
+            raise LoweringError("refused for the test")
+        return lower(gm, inputs, **kwargs)
+
+    monkeypatch.setattr(stablehlo, "lower", refusing)
+
+    def f(x, step):
+        return x * step
+
+    with caplog.at_level(logging.WARNING, logger="tpu_inductor"):
+        calls = [(torch.randn(4), step) for step in range(2, 6)]
+        assert _compiles_of((_compile(f), f), calls) == 4  # one per value, as before
+    assert "integer inputs [1] compiled in as constants" in caplog.text
+    assert "refused for the test" in caplog.text
+
+
 def test_input_mutation_is_written_back():
     def f(buf, x):
         buf.add_(x)

@@ -31,7 +31,7 @@ import torch
 
 from . import cache, debug, runtime
 from .config import Options
-from .exc import TpuInductorError, UnsupportedOpError
+from .exc import LoweringError, TpuInductorError, UnsupportedOpError
 
 log = logging.getLogger(__name__)
 
@@ -233,10 +233,15 @@ def _compile_region(gm, example_inputs, options: Options, device, static_inputs,
     gm = pipeline.run_passes(gm, options.disable_passes, after_pass=hook)
     if example_inputs is None:
         example_inputs = _placeholder_values(gm)
-    specialize = _Specializer(gm, options, device, static_inputs, name)
+    specializer = _Specializer(gm, options, device, static_inputs, name)
     if example_inputs is not None and all(_is_concrete(v) for v in example_inputs):
-        return specialize(example_inputs)
-    return SpecializingGraph(specialize)
+        return specializer(example_inputs)
+    scalars = frozenset()
+    if options.lowering != "torch-mlir":
+        from .lowering import specialize
+
+        scalars = specialize.value_only_integer_inputs(gm, device.lowering_platform)
+    return SpecializingGraph(specializer, scalars)
 
 
 def _placeholder_values(gm) -> list | None:
@@ -261,7 +266,10 @@ class _Specializer:
         self.static_inputs = tuple(static_inputs)
         self.graph_entry = _graph_fingerprint(gm)
 
-    def __call__(self, inputs: Sequence[Any]) -> runtime.CompiledGraph:
+    def __call__(
+        self, inputs: Sequence[Any], scalars: frozenset[int] = frozenset()
+    ) -> runtime.CompiledGraph:
+        """Compiled for `inputs`; `scalars`: positions of integer inputs given as 0-d tensors."""
         signature = _input_signature(inputs)
         key = cache.CacheKey.of([("graph", self.graph_entry), ("inputs", signature)])
         record = debug.new_record(
@@ -273,19 +281,22 @@ class _Specializer:
             self.device,
             self.static_inputs,
             record,
-            lambda: self._lower_and_compile(inputs, record),
+            lambda: self._lower_and_compile(inputs, scalars, record),
         )
         debug.finish(record)
         return compiled
 
-    def _lower_and_compile(self, inputs, record: debug.CompileRecord):
+    def _lower_and_compile(self, inputs, scalars, record: debug.CompileRecord):
         from .lowering import stablehlo, torch_mlir
 
-        frontend = torch_mlir if self.options.lowering == "torch-mlir" else stablehlo
+        platform, x64 = self.device.lowering_platform, self.options.x64
         with record.stage("lower"):
-            lowered = frontend.lower(
-                self.gm, inputs, platform=self.device.lowering_platform, x64=self.options.x64
-            )
+            if self.options.lowering == "torch-mlir":
+                lowered = torch_mlir.lower(self.gm, inputs, platform=platform, x64=x64)
+            else:
+                lowered = stablehlo.lower(
+                    self.gm, inputs, platform=platform, x64=x64, scalar_inputs=scalars
+                )
         debug.dump_lowered(record, lowered)
         with (
             record.stage("pjrt_compile"),
@@ -399,18 +410,43 @@ def _disk_codec(device: runtime.Device) -> cache.Codec:
 
 
 class SpecializingGraph:
-    """A graph with symbolic sizes, compiled once per concrete input signature."""
+    """A graph with symbolic sizes, compiled once per concrete input signature.
 
-    def __init__(self, specialize: _Specializer):
+    Integer inputs that are values only (`scalars`: positions) are passed as 0-d int64 tensors,
+    not compiled in: a new value is not a new signature. Should such a graph fail to lower, they
+    are compiled in (once per value) from then on, with a warning.
+    """
+
+    def __init__(self, specialize: _Specializer, scalars: frozenset[int] = frozenset()):
         self._boxed_call = True  # an instance attribute: wrappers copy __dict__, not the class
         self._specialize = specialize
+        self._scalars = scalars
         self._compiled: dict[tuple, runtime.CompiledGraph] = {}
 
     def __call__(self, args: list) -> list:
+        scalars = self._scalars
+        for position in scalars:
+            args[position] = torch.tensor(args[position])
         key = _input_signature(args)
         compiled = self._compiled.get(key)
         if compiled is None:  # debug.new_record logs why (which input, which dim)
-            compiled = self._compiled[key] = self._specialize(args)
+            try:
+                compiled = self._specialize(args, scalars)
+            except LoweringError as e:
+                if not scalars:
+                    raise
+                log.warning(
+                    "tpu_inductor: %s: integer inputs %s compiled in as constants (each new value "
+                    "compiles again): passed as tensors, they failed to lower: %s",
+                    self._specialize.name,
+                    sorted(scalars),
+                    e,
+                )
+                self._scalars = frozenset()
+                for position in scalars:
+                    args[position] = int(args[position])
+                return self(args)
+            self._compiled[key] = compiled
         return compiled(args)
 
 

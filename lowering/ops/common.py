@@ -54,6 +54,7 @@ def elementwise(*ops, compute: str = "auto"):
             return cast(fn(*arrays, **kwargs), ctx.out_dtype)
 
         rule.__name__ = rule.__qualname__ = fn.__name__
+        rule.takes_traced_scalars = True  # a scalar argument may be a 0-d array (see specialize)
         return fn
 
     return decorate
