@@ -14,6 +14,7 @@ import torch.nn as nn
 from tpu_inductor import cache, debug, runtime
 from tpu_inductor.config import Options
 from tpu_inductor.exc import (
+    DeviceError,
     LoweringError,
     OptionError,
     RegistrationError,
@@ -319,6 +320,18 @@ def test_conjugate_and_negative_view_inputs_are_read_with_their_sign():
     c_eager = torch.tensor([1 + 2j, 3 - 4j]).conj()
     g(c)
     assert_same(c, c_eager.mul_(2))
+
+
+def test_meta_inputs_run_in_eager_and_other_devices_are_refused(caplog):
+    x = torch.randn(3, 4, device="meta")
+    with caplog.at_level(logging.WARNING, logger="tpu_inductor"):
+        out = _compile(lambda x: x.sum(0) + 1)(x)
+    assert (out.device.type, out.shape) == ("meta", (4,))
+    assert "meta tensors" in caplog.text
+    from tpu_inductor import backend
+
+    with pytest.raises(DeviceError, match=r"graph input 1 is a tensor on meta.*\.cpu\(\)"):
+        backend._require_cpu_tensors([torch.ones(1), x])
 
 
 def _update_in_place(model):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -16,6 +17,9 @@ import torch
 
 from . import debug
 from .config import Options
+from .exc import DeviceError
+
+log = logging.getLogger(__name__)
 
 
 def tpu_inductor(
@@ -28,6 +32,10 @@ def tpu_inductor(
     """Compile a Dynamo FX graph; returns a callable with the graph's calling convention."""
     opts = Options.from_user(options, mode)
     debug.dynamo_graph(gm, opts)
+    if _on_device(example_inputs, "meta"):  # shapes only: nothing to run on a device
+        log.warning("tpu_inductor: a graph of meta tensors has nothing to compute: eager torch")
+        return gm.forward
+    _require_cpu_tensors(example_inputs)
     from torch._dynamo.backends.common import aot_autograd
 
     from . import autograd_cache  # imports torch._inductor: not at module import
@@ -67,6 +75,22 @@ def tpu_inductor(
             decompositions=_decompositions(),
             keep_inference_input_mutations=True,
         )(gm, example_inputs)
+
+
+def _on_device(inputs: Sequence[Any], kind: str) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.device.type == kind for v in inputs)
+
+
+def _require_cpu_tensors(inputs: Sequence[Any]) -> None:
+    """Tensors come in from torch's CPU; the runtime moves them to the PJRT device itself."""
+    for position, value in enumerate(inputs):
+        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+            raise DeviceError(
+                f"tpu_inductor: graph input {position} is a tensor on {value.device}; the "
+                "compiled graph takes CPU tensors and runs on the PJRT device of the 'device' "
+                "option. Move the model and its inputs to the CPU (.cpu()), or compile for "
+                f"{value.device.type} with another backend."
+            )
 
 
 @functools.cache
