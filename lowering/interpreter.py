@@ -52,12 +52,14 @@ _PYTHON_TARGETS: dict[Any, Callable] = {
     math.ceil: math.ceil,
     math.floor: math.floor,
     math.sqrt: math.sqrt,
+    math.trunc: math.trunc,
     torch.sym_int: int,
     torch.sym_float: float,
     torch.sym_max: max,
     torch.sym_min: min,
     torch.sym_sum: sum,
     torch.sym_not: operator.not_,
+    torch.sym_ite: lambda condition, a, b: a if condition else b,
     aten.sym_size.int: lambda x, dim: x.shape[dim],
     aten.sym_numel.default: lambda x: math.prod(x.shape),
     aten.sym_stride.int: lambda x, dim: _contiguous_strides(x.shape)[dim],
@@ -180,8 +182,20 @@ def missing_ops(gm: torch.fx.GraphModule, platform: str | None = None) -> dict[s
     missing: dict[str, list[str]] = {}
     for node in gm.graph.nodes:
         if node.op == "call_function" and not registry.supported(node, platform):
-            missing.setdefault(str(node.target), []).append(source_line(node))
+            missing.setdefault(op_name(node.target), []).append(source_line(node))
     return missing
+
+
+def op_name(target) -> str:
+    """How an FX call target is spelled in messages: `aten.add.Tensor`,
+    `torch.ops.higher_order.cond`, or a Python function's qualified name."""
+    from torch._ops import HigherOrderOperator
+
+    if isinstance(target, HigherOrderOperator):
+        return f"torch.ops.higher_order.{target.name()}"
+    if isinstance(target, OpOverload):
+        return str(target)
+    return f"{getattr(target, '__module__', None) or 'builtins'}.{target.__qualname__}"
 
 
 class GraphRunner:
@@ -198,8 +212,14 @@ class GraphRunner:
         # Filled by run(): input index → value to write back into that input.
         self.mutations: dict[int, Any] = {}
 
-    def run(self, inputs: Sequence[Any], rng: Callable[[int], Any] | None = None) -> list[Any]:
-        """Evaluate the graph; returns the flat output list (jax arrays, Python values, None)."""
+    def run(
+        self,
+        inputs: Sequence[Any],
+        rng: Callable[[int], Any] | None = None,
+        also: Sequence[torch.fx.Node] = (),
+    ) -> list[Any]:
+        """Evaluate the graph; returns the flat output list (jax arrays, Python values, None),
+        followed by the values of the nodes `also` names."""
         env: dict[torch.fx.Node, Any] = {}
         placeholder_index = {node: i for i, node in enumerate(self.placeholders)}
         self.mutations = {}
@@ -210,7 +230,7 @@ class GraphRunner:
             if node.op == "placeholder":
                 continue
             if node.op == "output":
-                return list(flatten(load(node.args[0])))
+                return [*flatten(load(node.args[0])), *(env[n] for n in also)]
             if node.op == "get_attr":
                 env[node] = dtypes.constant(_fetch_attr(self.gm, node.target), self.x64)
                 continue

@@ -130,9 +130,18 @@ def supported(node: torch.fx.Node, platform: str | None = None) -> bool:
         return True
     op = node_op(node)
     rule = lookup(op, platform) if isinstance(op, OpOverload) else None
-    if rule is None or (rule.supports is not None and not rule.supports(node)):
+    if rule is None or (rule.supports is not None and not _rule_supports(rule, node)):
         return False
     return _values_supported(node)
+
+
+def _rule_supports(rule: Rule, node: torch.fx.Node) -> bool:
+    """A rule's `supports` predicate; one that cannot decide (e.g. a size that depends on the
+    data, on which no guard can be placed) leaves the node to eager torch."""
+    try:
+        return bool(rule.supports(node))
+    except Exception:
+        return False
 
 
 def _values_supported(node: torch.fx.Node) -> bool:

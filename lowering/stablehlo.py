@@ -35,14 +35,15 @@ class TensorSpec:
 @dataclasses.dataclass(frozen=True)
 class OutputSlot:
     """One graph output: module result number `result`; else graph input number `input`
-    returned as it is (no copy through the module); else a `view` of another graph output
-    (its number, size, stride, storage offset), as eager returns `y, y[0]`; else the Python
-    `value`."""
+    returned as it is (no copy through the module); else a `view` of a module result (its
+    number, size, stride, storage offset; in `view_dtype` if not the result's), as eager returns
+    `y, y[0]`; else the Python `value`."""
 
     result: int | None
     value: Any = None
     input: int | None = None
     view: tuple[int, tuple[int, ...], tuple[int, ...], int] | None = None
+    view_dtype: torch.dtype | None = None
 
 
 @dataclasses.dataclass
@@ -108,7 +109,7 @@ def lower(
     runner = GraphRunner(gm, x64=x64, platform=platform)
     tensor_inputs, specs = tensor_input_specs(inputs)
     passed_through = _passed_through_inputs(gm, tensor_inputs)
-    views = _views_of_outputs(gm, passed_through)
+    views, bases = _aliased_outputs(gm, passed_through)
     structure: dict[str, Any] = {}
 
     def fn(*args):
@@ -122,14 +123,17 @@ def lower(
             rng = None
         for position, arg in zip(tensor_inputs, args):
             values[position] = arg
-        flat = runner.run(values, rng)
+        flat = runner.run(values, rng, also=bases)
+        outputs, base_values = flat[: len(passed_through)], flat[len(passed_through) :]
         results, slots = [], []
-        for index, (value, source) in enumerate(zip(flat, passed_through)):
+        result_of = {}  # output number or base node → module result number
+        for index, (value, source) in enumerate(zip(outputs, passed_through)):
             if source is not None:
                 slots.append(OutputSlot(None, input=source))
             elif index in views:
-                slots.append(OutputSlot(None, view=views[index]))
+                slots.append(None)  # filled below, once its base has a result number
             elif isinstance(value, jax.Array):
+                result_of[index] = len(results)
                 slots.append(OutputSlot(len(results)))
                 results.append(value)
             else:
@@ -138,6 +142,12 @@ def lower(
         for position, value in runner.mutations.items():
             mutations.append((position, len(results)))
             results.append(value)
+        for node, value in zip(bases, base_values):
+            result_of[node] = len(results)
+            results.append(value)
+        for index, (base, size, stride, offset, dtype) in views.items():
+            view = (result_of[base], size, stride, offset)
+            slots[index] = OutputSlot(None, view=view, view_dtype=dtype)
         structure.update(slots=tuple(slots), mutations=tuple(mutations))
         return tuple(results)
 
@@ -150,7 +160,7 @@ def lower(
         traced = jax.jit(fn, keep_unused=True).trace(*arg_specs)
         lowered = traced.lower(lowering_platforms=(platform,))
     module = lowered.compiler_ir("stablehlo")
-    output_specs = _output_specs(gm, structure["slots"], structure["mutations"], inputs)
+    output_specs = _output_specs(gm, structure["slots"], structure["mutations"], inputs, bases)
     from jax._src.interpreters import mlir
 
     return LoweredModule(
@@ -182,37 +192,60 @@ def _flat_outputs(gm) -> list:
     return list(flatten(output_node.args[0]))
 
 
-def _views_of_outputs(gm, passed_through) -> dict[int, tuple]:
-    """Graph outputs that are views of another output's whole storage: output number → (that
-    output's number, size, stride, storage offset). Computed once by the module, the base is
-    viewed at run time, so that a write through one output shows through the other, as in
-    eager. (Views of inputs are AOTAutograd's to rebuild; views of an intermediate that is not
-    an output have no base to view.)"""
+def _aliased_outputs(gm, passed_through) -> tuple[dict[int, tuple], list[torch.fx.Node]]:
+    """Graph outputs that share a storage (views of one another, or of one intermediate), as
+    eager returns `y, y[0]` or `y[:3], y[1:]`: output number → (its base: an output number or a
+    node, size, stride, storage offset, dtype if not the base's); and the base nodes that are not
+    outputs (extra module results). The module computes each base once and the outputs are
+    viewed from it at run time, so that a write through one shows through the others.
+    (Storages of inputs are AOTAutograd's to rebuild.)"""
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    vals = [n.meta.get("val") if isinstance(n, torch.fx.Node) else None for n in _flat_outputs(gm)]
-    bases: dict[Any, int] = {}
+    def storage(val):
+        return StorageWeakRef(val.untyped_storage())
+
+    def covers(val) -> bool:  # the whole storage, row-major: what a module result is
+        whole = val.untyped_storage().nbytes() == val.numel() * val.element_size()
+        return whole and val.is_contiguous() and val.storage_offset() == 0
+
+    outputs = _flat_outputs(gm)
+    vals = [n.meta.get("val") if isinstance(n, torch.fx.Node) else None for n in outputs]
+    groups: dict[Any, list[int]] = {}
     for index, val in enumerate(vals):
-        if (
-            isinstance(val, torch.Tensor)
-            and passed_through[index] is None
-            and val.is_contiguous()
-            and val.storage_offset() == 0
-            and val.untyped_storage().nbytes() == val.numel() * val.element_size()
-        ):
-            bases.setdefault(StorageWeakRef(val.untyped_storage()), index)
-    views = {}
-    for index, val in enumerate(vals):
-        if not isinstance(val, torch.Tensor) or passed_through[index] is not None:
+        if isinstance(val, torch.Tensor) and passed_through[index] is None:
+            groups.setdefault(storage(val), []).append(index)
+    nodes = [n for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    of_inputs = {storage(n.meta["val"]) for n in nodes if n.op == "placeholder"}
+    views, bases = {}, []
+    for key, members in groups.items():
+        if len(members) < 2 or key in of_inputs:
             continue
-        base = bases.get(StorageWeakRef(val.untyped_storage()))
-        if base is not None and base != index and val.dtype == vals[base].dtype:
-            views[index] = (base, tuple(val.shape), tuple(val.stride()), val.storage_offset())
-    return views
+        base = next((i for i in members if covers(vals[i])), None)
+        if base is None:
+            node = next(
+                (n for n in nodes if storage(n.meta["val"]) == key and covers(n.meta["val"])), None
+            )
+            if node is None:
+                continue
+            base = node
+            bases.append(node)
+        base_dtype = (vals[base] if isinstance(base, int) else base.meta["val"]).dtype
+        for index in members:
+            if index != base:
+                val = vals[index]
+                dtype = val.dtype if val.dtype != base_dtype else None
+                views[index] = (
+                    base,
+                    tuple(val.shape),
+                    tuple(val.stride()),
+                    val.storage_offset(),
+                    dtype,
+                )
+    return views, bases
 
 
-def _output_specs(gm, slots, mutations, inputs) -> tuple[TensorSpec, ...]:
-    """torch dtypes of the module results, from the output node's metadata."""
+def _output_specs(gm, slots, mutations, inputs, bases) -> tuple[TensorSpec, ...]:
+    """torch dtypes of the module results, from the output node's metadata (and the inputs')."""
     flat_nodes = _flat_outputs(gm)
     specs: list[TensorSpec | None] = []
     for node, slot in zip(flat_nodes, slots):
@@ -224,6 +257,8 @@ def _output_specs(gm, slots, mutations, inputs) -> tuple[TensorSpec, ...]:
         specs.append(TensorSpec(_static_shape(val.shape), val.dtype))
     for position, _ in mutations:
         specs.append(input_spec(inputs[position]))
+    for node in bases:
+        specs.append(TensorSpec(_static_shape(node.meta["val"].shape), node.meta["val"].dtype))
     return tuple(specs)
 
 

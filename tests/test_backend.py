@@ -281,25 +281,33 @@ def _output_and_its_views(x):
     return y, y[0], y.t(), y.view(-1)[2:5]
 
 
+def _views_of_an_intermediate(x):  # the base is no output: computed as a hidden module result
+    y = x * 2
+    return y.t(), y[:2], y[1:], y.view(torch.int32)[0]
+
+
+@pytest.mark.parametrize("outputs", [_output_and_its_views, _views_of_an_intermediate])
 @pytest.mark.parametrize("from_disk", [False, True], ids=["compiled", "disk_cache_hit"])
-def test_outputs_that_view_another_output_are_views_of_it(from_disk):
+def test_outputs_that_share_a_storage_are_views_of_it(from_disk, outputs):
     """As in eager: a write through `y` shows through `y[0]` (computed once, viewed)."""
     x = torch.randn(3, 4)
     if from_disk:
         with torch.no_grad():
-            _compile(_output_and_its_views)(x)
+            _compile(outputs)(x)
         torch._dynamo.reset()
         cache.memory_cache.clear()  # the call description then comes back from its JSON
     hits = cache.counters["disk_hit"]
     with torch.no_grad():
-        outputs = _compile(_output_and_its_views)(x)
+        got_all = _compile(outputs)(x)
     assert cache.counters["disk_hit"] == hits + from_disk
-    expected = _output_and_its_views(x)
-    for got, want in zip(outputs, expected):
+    want_all = outputs(x)
+    for got, want in zip(got_all, want_all):
         assert_same(got, want)
         assert (got.stride(), got.storage_offset()) == (want.stride(), want.storage_offset())
-    outputs[0].zero_()
-    assert all(not out.any() for out in outputs)
+    got_all[0].fill_(7.0)
+    want_all[0].fill_(7.0)
+    for got, want in zip(got_all, want_all):
+        assert_same(got, want)
 
 
 def test_transposed_and_sliced_inputs_are_copied_not_misread():
@@ -307,6 +315,72 @@ def test_transposed_and_sliced_inputs_are_copied_not_misread():
     base = torch.randn(6, 5)
     a, b = base.t()[:, 1:4], torch.randn(5, 4)[1:4]
     assert_same(f(a, b), a @ b + 1)
+
+
+def test_views_of_results_computed_in_eager_stay_views_in_a_split_graph():
+    """torch.cond runs in eager (a split graph): the view of its result must not be compiled
+    into a region, which would return a copy."""
+
+    def f(x, y):
+        z = torch.cond(y.sum() > 0, lambda a: a.sin(), lambda a: a.cos(), (x,))
+        return z, z.view(-1)[:3], z.t() * 2
+
+    x, y = torch.randn(4, 5), torch.ones(4, 5)
+    with torch.no_grad():
+        z, v, w = _compile(f)(x, y)
+    assert_same(w, x.sin().t() * 2)
+    v.zero_()
+    assert_same(z.view(-1)[:3], torch.zeros(3))
+    assert v._base is z
+
+
+def test_python_arithmetic_on_data_dependent_scalars_is_evaluated(caplog):
+    """int() of a captured scalar (math.trunc) and a scalar condition (torch.sym_ite) are size
+    arithmetic the interpreter evaluates, not ops left to eager torch."""
+
+    def f(x):
+        return x + (x.sum() > 0).item(), x.view(int(x.new_ones(1).item() * 2.5), -1)
+
+    x = torch.randn(4, 5)
+    with (
+        torch._dynamo.config.patch(capture_scalar_outputs=True),
+        caplog.at_level(logging.WARNING, logger="tpu_inductor"),
+    ):
+        for got, want in zip(_compile(f)(x), f(x)):
+            assert_same(got, want)
+    assert "_local_scalar_dense" in caplog.text  # .item() itself runs in eager torch
+    assert "trunc" not in caplog.text and "sym_ite" not in caplog.text
+
+
+def test_data_dependent_mask_writes_run_in_eager_instead_of_failing():
+    """index_put with a mask whose count is data-dependent: the rule's support check cannot
+    decide its layout (no guard on an unbacked size), so the write runs in eager torch."""
+
+    def f(x, m):
+        y = x.clone()
+        y[m] = y[m] * 10
+        return y, x[m].sum()
+
+    x, m = torch.randn(6, 5), torch.randn(6, 5) > 0
+    leaf = x.clone().requires_grad_()
+    with torch._dynamo.config.patch(
+        capture_dynamic_output_shape_ops=True, capture_scalar_outputs=True
+    ):
+        y, total = _compile(f)(leaf, m)
+        (y.sum() + total).backward()
+    want_leaf = x.clone().requires_grad_()
+    want_y, want_total = f(want_leaf, m)
+    (want_y.sum() + want_total).backward()
+    assert_same((y, total, leaf.grad), (want_y, want_total, want_leaf.grad))
+
+
+def test_higher_order_ops_are_named_as_such_when_refused():
+    def f(x):
+        return torch.cond(x.sum() > 0, lambda a: a.sin(), lambda a: a.cos(), (x,))
+
+    error = _backend_error(UnsupportedOpError, _compile(f, fallback="error"), torch.randn(3))
+    assert "torch.ops.higher_order.cond (1x)" in str(error)
+    assert "torch.where can replace a torch.cond" in str(error)
 
 
 def test_conjugate_and_negative_view_inputs_are_read_with_their_sign():

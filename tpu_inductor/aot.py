@@ -48,7 +48,7 @@ from .exc import ArtifactError, InputMismatchError, OptionError, UnsupportedOpEr
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # the artifact layout version this module writes and reads
+FORMAT = 2  # the artifact layout version this module writes and reads
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 # Our platform names → the device option that runs them here.

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 counters: collections.Counter = collections.Counter()
 
-FORMAT = 1  # layout version of a disk entry; entries of another format are ignored
+FORMAT = 2  # layout version of a disk entry; entries of another format are ignored
 MANIFEST = "manifest.json"
 _TEMP_PREFIX = ".tmp-"
 # What `store` and `_remove` name their temporary directories: ".tmp-<digest16>-<pid>-<hex8>"

@@ -93,11 +93,18 @@ def _report_missing(missing: dict[str, list[str]], options: Options) -> None:
             f"  {op} ({len(sites)}x): " + "; ".join(dict.fromkeys(sites))
             for op, sites in sorted(missing.items())
         ]
+        hops = any(op.startswith("torch.ops.higher_order.") for op in missing)
         raise UnsupportedOpError(
-            "tpu_inductor: these ATen ops have no lowering rule:\n"
+            "tpu_inductor: these ops have no lowering rule:\n"
             + "\n".join(lines)
+            + (
+                "\nHigher-order ops (torch.cond, while_loop, scan, map, flex_attention) are not "
+                "lowered: they run in eager torch (torch.where can replace a torch.cond)."
+                if hops
+                else ""
+            )
             + "\nRemove options={'fallback': 'error'} to run them in eager torch, or add rules "
-            "(README: 'Adding a lowering rule')."
+            "for ATen ops (README: 'Adding a lowering rule')."
         )
     summary = ", ".join(f"{op} x{len(sites)}" for op, sites in sorted(missing.items()))
     log.warning(
@@ -110,15 +117,11 @@ def _compile_partitioned(gm, options: Options, device, name: str) -> torch.fx.Gr
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import create_op_support
 
-    from .lowering import registry
-
-    def supported(_modules, node) -> bool:
-        if node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder":
-            return False  # a write into an input stays in graph order: eager ops read it before
-        return registry.supported(node, device.lowering_platform)
-
+    eager = _eager_nodes(gm, device.lowering_platform)
     partitioner = CapabilityBasedPartitioner(
-        gm, create_op_support(supported), allows_single_node_partition=True
+        gm,
+        create_op_support(lambda _modules, node: node.op == "call_function" and node not in eager),
+        allows_single_node_partition=True,
     )
     partitions = [p for p in partitioner.propose_partitions() if _has_computation(p.nodes)]
     fused = partitioner.fuse_partitions(partitions)
@@ -133,6 +136,31 @@ def _compile_partitioned(gm, options: Options, device, name: str) -> torch.fx.Gr
     fused.recompile()
     log.info("tpu_inductor: compiled %d region(s); the rest runs in eager torch", len(partitions))
     return fused
+
+
+def _eager_nodes(gm: torch.fx.GraphModule, platform: str) -> set[torch.fx.Node]:
+    """The call nodes of a split graph that run in eager torch: those without a rule; a write
+    into an input (it stays in graph order: eager ops read the input before it); and views of
+    results computed in eager (a compiled region would return a copy, not a view of them)."""
+    import operator
+
+    from torch._ops import OpOverload
+
+    from .lowering import registry
+
+    eager: set[torch.fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        of_eager = bool(node.args) and node.args[0] in eager
+        if (
+            not registry.supported(node, platform)
+            or (node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder")
+            or (of_eager and node.target is operator.getitem)
+            or (of_eager and isinstance(node.target, OpOverload) and node.target.is_view)
+        ):
+            eager.add(node)
+    return eager
 
 
 def _lower_rest_with_torch_mlir(fused, options: Options, device, name: str):

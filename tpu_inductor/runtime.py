@@ -275,7 +275,9 @@ class CompiledGraph:
         )
         self._slots = tuple((slot.result, slot.input, slot.value) for slot in lowered.outputs)
         self._views = tuple(
-            (index, slot.view) for index, slot in enumerate(lowered.outputs) if slot.view
+            (index, *slot.view, slot.view_dtype)
+            for index, slot in enumerate(lowered.outputs)
+            if slot.view
         )
 
     def __call__(self, args: list) -> list:
@@ -300,8 +302,9 @@ class CompiledGraph:
             outs[result] if result is not None else value if source is None else args[source]
             for result, source, value in self._slots
         ]
-        for index, (base, size, stride, offset) in self._views:
-            returned[index] = returned[base].as_strided(size, stride, offset)
+        for index, base, size, stride, offset, dtype in self._views:
+            viewed = outs[base] if dtype is None else outs[base].reshape(-1).view(dtype)
+            returned[index] = viewed.as_strided(size, stride, offset)
         args.clear()
         return returned
 

@@ -54,7 +54,8 @@ def lowered_to_json(lowered: LoweredModule) -> dict[str, Any]:
             outputs.append({"input": slot.input})
         elif slot.view is not None:
             base, size, stride, offset = slot.view
-            outputs.append({"view": [base, list(size), list(stride), offset]})
+            dtype = None if slot.view_dtype is None else dtype_name(slot.view_dtype)
+            outputs.append({"view": [base, list(size), list(stride), offset, dtype]})
         elif isinstance(slot.value, _SCALARS):
             outputs.append({"value": slot.value})
         else:
@@ -80,9 +81,10 @@ def lowered_from_json(data: dict[str, Any], bytecode: bytes, text: str) -> Lower
         elif "input" in slot:
             outputs.append(OutputSlot(None, input=_int(slot["input"])))
         elif "view" in slot:
-            base, size, stride, offset = slot["view"]
+            base, size, stride, offset, dtype = slot["view"]
             view = (_int(base), tuple(map(_int, size)), tuple(map(_int, stride)), _int(offset))
-            outputs.append(OutputSlot(None, view=view))
+            dtype = None if dtype is None else dtype_from_name(dtype)
+            outputs.append(OutputSlot(None, view=view, view_dtype=dtype))
         elif isinstance(slot["value"], _SCALARS):
             outputs.append(OutputSlot(None, slot["value"]))
         else:
