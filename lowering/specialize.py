@@ -24,8 +24,12 @@ import torch
 from ..exc import LoweringError
 from . import registry
 
-# Size arithmetic the interpreter evaluates that stays exact on a traced integer.
-_INTEGER_ARITHMETIC = frozenset({operator.add, operator.sub, operator.mul, operator.neg})
+# Size arithmetic the interpreter evaluates that computes the same on a traced integer (a 0-d
+# array): Python's and jax's results agree (a power only with a float operand: jax's integer
+# power of a negative exponent is not Python's float).
+_VALUE_ARITHMETIC = frozenset(
+    {operator.add, operator.sub, operator.mul, operator.neg, operator.truediv}
+)
 
 
 def is_symbolic(gm: torch.fx.GraphModule) -> bool:
@@ -91,9 +95,12 @@ def value_only_integer_inputs(gm: torch.fx.GraphModule, platform: str | None) ->
 
 def _used_as_value_only(node: torch.fx.Node, platform: str | None) -> bool:
     for user in node.users:
+        if user.op == "output" and node.op == "placeholder":
+            continue  # the input itself, returned (saved for the backward): given back as it is
         if user.op != "call_function":
-            return False  # a graph output: the caller wants the Python number
-        if user.target in _INTEGER_ARITHMETIC:
+            return False  # a computed number returned: the caller wants it as a Python number
+        float_power = user.target is operator.pow and any(isinstance(a, float) for a in user.args)
+        if user.target in _VALUE_ARITHMETIC or float_power:
             if not _used_as_value_only(user, platform):
                 return False
             continue

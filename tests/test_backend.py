@@ -243,6 +243,22 @@ def test_integer_values_are_module_arguments_not_one_compile_per_value(x64):
     assert _compiles_of((_compile(sized), sized), [(torch.randn(4), n) for n in range(2, 5)]) == 3
 
 
+def test_integer_values_saved_for_the_backward_are_module_arguments_too():
+    """The forward returns the int (saved for the backward): it goes back as the int."""
+    linear = nn.Linear(8, 8)
+
+    def step(x, i):
+        return linear(x) * i + i
+
+    compiled, x = _compile(step), torch.randn(4, 8)
+    before = len(debug.records)
+    for i in range(2, 8):
+        got = grads_of(linear, compiled(x, i).sum())
+        want = grads_of(linear, step(x, i).sum())
+        assert_same(got, want)
+    assert len(debug.records) - before == 4  # forward and backward: static, then symbolic
+
+
 def test_integer_values_fall_back_to_constants_when_they_fail_to_lower(monkeypatch, caplog):
     from tpu_inductor.lowering import stablehlo
 

@@ -453,8 +453,16 @@ class SpecializingGraph:
 
     def __call__(self, args: list) -> list:
         scalars = self._scalars
+        passed = []  # (0-d tensor, the int it stands for)
         for position in scalars:
-            args[position] = torch.tensor(args[position])
+            passed.append((torch.tensor(args[position]), args[position]))
+            args[position] = passed[-1][0]
+        outs = self._call(args, scalars)
+        for tensor, number in passed:  # an input returned as it is (saved for the backward)
+            outs = [number if out is tensor else out for out in outs]
+        return outs
+
+    def _call(self, args: list, scalars: frozenset[int]) -> list:
         key = _input_signature(args)
         compiled = self._compiled.get(key)
         if compiled is None:  # debug.new_record logs why (which input, which dim)
@@ -473,7 +481,7 @@ class SpecializingGraph:
                 self._scalars = frozenset()
                 for position in scalars:
                     args[position] = int(args[position])
-                return self(args)
+                return self._call(args, frozenset())
             self._compiled[key] = compiled
         return compiled(args)
 
