@@ -146,13 +146,27 @@ def test_shape_change_recompile_is_explained(run_dump):
     # Size 7: the symbolic graph compiled for one more size.
     reason = forward[-1]["recompile_reason"]
     assert "input 3 (float32[5, 4] → float32[7, 4]): dim 0: 5 → 7" in reason
-    assert "input 2 (a symbolic size): 5 → 7" in reason
+    assert "input 2 (a symbolic size or number): 5 → 7" in reason
     assert "pad input 3's dim 0 to a few fixed sizes, one compile each" in reason
     assert "bucket" not in retrace + reason  # not a knob torch.compile users have (yet)
     graphs = [c["graph"] for c in forward]
     lines = [m for m in messages if m.startswith("tpu_inductor: recompiling for new input")]
     assert f"({graphs[1]}, Dynamo's new trace of {graphs[0]}): {retrace}" in lines[0]
     assert f"tpu_inductor: recompiling for new input sizes ({graphs[2]}): {reason}" in lines
+
+
+def test_recompiles_for_a_python_number_are_explained_as_such():
+    def f(x, n):  # n sets a size: compiled once per value
+        return torch.full((3,), n) + x.sum()
+
+    compiled = torch.compile(f, backend="tpu_inductor", options={"cache": False})
+    before = len(debug.records)
+    for n in (2, 3, 4):
+        compiled(torch.ones(2), n)
+    retrace, again = (r.recompile for r in debug.records[before + 1 :])
+    assert retrace.startswith("Dynamo traced it again: a Python number changed between calls")
+    assert again.startswith("input 0 (a symbolic size or number): 3 → 4.")
+    assert "pass a number that varies and sets no size as a 0-d tensor" in again
 
 
 def test_explain_recompile_texts():
@@ -170,7 +184,7 @@ def test_explain_recompile_texts():
     assert dtype.startswith("input 0 (float32[8, 16] → bfloat16[8, 16]): dtype torch.float32")
     assert "cast input 0 to float32" in dtype
     scalar = debug.explain_recompile(old, (old[0], 4), same_graph=False)
-    assert scalar.startswith("input 1: 3 → 4.") and "as tensors" in scalar
+    assert scalar.startswith("input 1: 3 → 4.") and "as a 0-d tensor" in scalar
     option = debug.explain_recompile(
         old, old, same_graph=True, old_options={"x64": "keep"}, new_options={"x64": "narrow"}
     )

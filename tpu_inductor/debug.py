@@ -408,12 +408,12 @@ def explain_recompile(
         if _is_tensor_entry(before) and _is_tensor_entry(after):
             changes.append(_tensor_change(position, before, after, advice, same_graph))
         else:
-            kind = " (a symbolic size)" if same_graph else ""
+            kind = " (a symbolic size or number)" if same_graph else ""
             changes.append(
                 f"input {position}{kind}: {describe_input(before)} → {describe_input(after)}"
             )
-            if not same_graph:
-                advice.append("pass Python numbers that vary as tensors (each value compiles)")
+            if not any(_is_tensor_entry(v) and v != w for v, w in zip(old, new)):
+                advice.append("pass a number that varies and sets no size as a 0-d tensor")
     for key in sorted(set(old_options or {}) | set(new_options or {})):
         before, after = (old_options or {}).get(key), (new_options or {}).get(key)
         if before != after:
@@ -459,6 +459,21 @@ def _explain_if_recompile(record: CompileRecord) -> None:
         return  # a first compile
     # The closest earlier compile (the latest of equals) names the change that mattered.
     previous, old_inputs = min(reversed(candidates), key=lambda c: _differences(*c, record))
+    if (
+        previous.fingerprint != record.fingerprint
+        and _differences(previous, old_inputs, record) == 0
+    ):
+        record.recompile = (  # no tensor changed: a Python number did, now an input
+            "Dynamo traced it again: a Python number changed between calls and is an input "
+            "from now on (one compile for all its values if it only scales tensors)"
+        )
+        log.info(
+            "tpu_inductor: recompiling %s (Dynamo's new trace of %s): %s",
+            record.graph,
+            previous.graph,
+            record.recompile,
+        )
+        return
     record.recompile = explain_recompile(
         old_inputs,
         record.inputs,
