@@ -90,6 +90,48 @@ def test_lu_family():
     check_many_against_eager(fns, a, b, v, tolerance=_tol, options=LOWERED)
 
 
+# Eager factors A^T for a contiguous real A, else A. Each layout has its own size: the compile
+# cache keys graph inputs by shape and dtype, not strides, so same-size layouts would share one.
+_DET_LAYOUTS = {
+    "contiguous": lambda g: _well_conditioned(g, 4, 4),
+    "transposed": lambda g: _well_conditioned(g, 3, 3).mT,
+    "batched": lambda g: _well_conditioned(g, 2, 5, 5),
+    "batch_expanded": lambda g: _well_conditioned(g, 6, 6).expand(2, 6, 6),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
+@pytest.mark.parametrize("layout", sorted(_DET_LAYOUTS))
+def test_det_and_slogdet_factors_and_gradients(dtype, layout):
+    """det and slogdet return eager's LU and pivots (of A^T or of A), which their backward
+    solves with: returning A's factors for a contiguous A gave wrong gradients silently."""
+    a = _DET_LAYOUTS[layout](_gen(8)).to(dtype).requires_grad_()
+    aten = torch.ops.aten
+    factors = lambda m: (*aten._linalg_det(m), *aten._linalg_slogdet(m))  # noqa: E731
+    check_against_eager(factors, a, **TOL, options=LOWERED)
+
+    def grads(m):  # the backward's diag_embed (decomposed by the backend) runs in eager here
+        loss = LA.det(m).abs().sum() + LA.slogdet(m).logabsdet.sum()
+        return torch.autograd.grad(loss, m)[0]
+
+    check_against_eager(grads, a, **TOL)
+
+
+def test_solve_broadcasts_a_over_b():
+    """LU, pivots and info keep A's batch shape (as torch's meta says); the solution broadcasts."""
+    g = _gen(9)
+    a = _well_conditioned(g, 4, 4).requires_grad_()
+    b = torch.randn(3, 4, 2, generator=g, requires_grad=True)
+    solve_ex = torch.ops.aten._linalg_solve_ex
+    both = lambda a, b: (*solve_ex(a, b), *solve_ex(a[None], b.mT, left=False))  # noqa: E731
+    check_against_eager(both, a, b, **TOL, options=LOWERED)
+
+    def grads(a, b):
+        return torch.autograd.grad(LA.solve(a, b).square().sum(), (a, b))
+
+    check_against_eager(grads, a, b, **TOL, options=LOWERED)
+
+
 def test_lu_of_rectangular_and_singular_matrices():
     g = _gen(3)
     singular = torch.randn(3, 3, generator=g)
@@ -182,6 +224,36 @@ def test_fft():
         "ihfft2": lambda x, z: fft.ihfft2(x),
     }
     check_many_against_eager(fns, x, z, tolerance=_tol, options=LOWERED)
+
+
+def test_fft_frequencies():
+    fft = torch.fft
+    fns = {f"{f.__name__}_{n}": lambda x, f=f, n=n: f(n, 0.3) * x
+           for f in (fft.fftfreq, fft.rfftfreq) for n in (1, 6, 7)}  # fmt: skip
+    fns["fftfreq_f64"] = lambda x: torch.fft.fftfreq(5, dtype=torch.float64) * x
+    check_many_against_eager(fns, torch.ones(()), tolerance=_tol, options=LOWERED)
+
+
+def test_fft_gradients_and_complex_views():
+    """FFT backward (abs of a complex result goes through view_as_real) and the views."""
+    g = _gen(10)
+    x = torch.randn(3, 8, generator=g)
+    z = torch.randn(3, 5, dtype=torch.complex64, generator=g)
+    fft = torch.fft
+
+    def views(x):
+        return torch.view_as_real(fft.fft(x)), torch.view_as_complex(torch.stack([x, -x], -1))
+
+    check_against_eager(views, x, **TOL, options=LOWERED)
+
+    def grads(x, z):  # through the backend: make_fx leaves the backward's in-place ops
+        loss = fft.fft(x).abs().sum() + fft.rfft(x, norm="ortho").abs().sum()
+        loss = loss + fft.irfft(z).square().sum() + torch.view_as_real(fft.fft(z)).sum()
+        return torch.autograd.grad(loss, (x, z))
+
+    compiled = torch.compile(grads, backend="tpu_inductor", options=LOWERED)
+    inputs = x.requires_grad_(), z.requires_grad_()
+    torch.testing.assert_close(compiled(*inputs), grads(*inputs), **TOL)
 
 
 def test_special_functions():

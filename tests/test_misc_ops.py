@@ -23,3 +23,11 @@ X = torch.randn(4, 5, 6)
 )
 def test_against_eager(fn, args):
     check_against_eager(fn, *args)
+
+
+@pytest.mark.parametrize("row, col, offset", [(4, 3, 0), (3, 5, -1), (4, 4, 2), (0, 3, 0)])
+def test_tril_and_triu_indices(row, col, offset):
+    def fn(x):  # x only gives the graph an input
+        return torch.tril_indices(row, col, offset), torch.triu_indices(row, col, offset) + x
+
+    check_against_eager(fn, torch.ones((), dtype=torch.int64), options={"fallback": "error"})

@@ -11,7 +11,7 @@ import torch
 
 from tpu_inductor.exc import LoweringError
 
-from .helpers import check_against_eager, compile_aten
+from .helpers import check_against_eager, compile_aten, grads_of
 
 aten = torch.ops.aten
 STRICT = {"fallback": "error"}
@@ -365,6 +365,52 @@ def test_adaptive_avg_pool2d(sizes):
     _run(lambda g, x: aten._adaptive_avg_pool2d_backward(g, x), (grad, x), F32)
 
 
+_ADAPTIVE_MAX = torch.nn.functional.adaptive_max_pool2d, torch.nn.functional.adaptive_max_pool3d
+
+
+@pytest.mark.parametrize(
+    "x_shape, out_size",
+    [((2, 3, 7, 9), (3, 4)), ((3, 5, 6), (5, 6)), ((2, 2, 5, 6, 7), (2, 3, 4)),
+     ((2, 4, 5, 3), (3, 2, 2))],
+    ids=["2d", "2d_unbatched", "3d", "3d_unbatched"],
+)  # fmt: skip
+def test_adaptive_max_pool_backward(x_shape, out_size):
+    x = _rand(*x_shape).round().requires_grad_()  # ties: the gradient goes to torch's index
+    grad = _rand(*x_shape[: -len(out_size)], *out_size, seed=1)
+    pool = _ADAPTIVE_MAX[len(out_size) - 2]
+
+    def pool_and_grad(x, g):
+        out = pool(x, out_size)
+        return out, torch.autograd.grad(out, x, g)[0]
+
+    _run(pool_and_grad, (x, grad), F32)
+
+
+# --- padding ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "x_shape, pad",
+    [((2, 3, 6), [2, 1]), ((2, 3, 5, 6), [1, 2, 3, 0]), ((3, 4, 5), [2, -1, 1, 1]),
+     ((1, 2, 3, 4, 5), [1, 0, 2, 1, 1, 2])],
+    ids=["1d", "2d", "2d_unbatched_crop", "3d"],
+)  # fmt: skip
+def test_replication_pad_backward(x_shape, pad):
+    x = _rand(*x_shape)
+    out = torch.nn.functional.pad(x, pad, mode="replicate")
+    backward = getattr(aten, f"replication_pad{len(pad) // 2}d_backward")
+    _run(lambda g, x: backward(g, x, pad), (_rand(*out.shape, seed=1), x), F32)
+
+
+def test_replicate_padded_conv_training():
+    """Conv2d(padding_mode="replicate") trains: its backward needs replication_pad2d_backward."""
+    conv = torch.nn.Conv2d(3, 4, 3, padding=2, padding_mode="replicate")
+    x = _rand(2, 3, 6, 5)
+    expected = grads_of(conv, conv(x).square().sum())
+    compiled = torch.compile(conv, backend="tpu_inductor", options=STRICT)
+    torch.testing.assert_close(grads_of(conv, compiled(x).square().sum()), expected, **F32)
+
+
 # --- embedding -------------------------------------------------------------------------------
 
 
@@ -486,6 +532,44 @@ def test_nll_loss(kind, weighted, reduction):
         return backward(g, x, t, w, reduction, ignore, total)
 
     _run(grad_fn, (grad, x, target, weight, total), F32)
+
+
+# A -1 ends a row's targets: the entries after it are not targets. The last row has a margin of
+# exactly 0 (1 - 1.5 + 0.5), where torch's gradient is 0.
+_MLM_TARGETS = torch.tensor([[3, 0, -1, 1, 2], [1, -1, 2, 2, 0], [0, 4, 2, 1, 3], [0, -1, 1, 1, 1]])
+
+
+def _mlm_inputs():
+    x = _rand(4, 5)
+    x[3, :2] = torch.tensor([1.5, 0.5])
+    return x
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("batched", [True, False], ids=["2d", "1d"])
+def test_multilabel_margin_loss(batched, reduction):
+    x, target = _mlm_inputs(), _MLM_TARGETS
+    if not batched:
+        x, target = x[0], target[0]
+
+    def loss_and_grad(x, t):
+        loss = torch.nn.functional.multilabel_margin_loss(x, t, reduction=reduction)
+        # torch's meta shapes a 1-d input's unreduced loss (1,), its kernel ()
+        return loss.reshape(-1), torch.autograd.grad(loss.sum(), x)[0]
+
+    _run(loss_and_grad, (x.requires_grad_(), target), F32)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="torch registers its wrong decomposition as multilabel_margin_loss_forward's "
+    "Autograd kernel (py_impl), which AOTAutograd runs before the decomposition table",
+)
+def test_multilabel_margin_loss_through_dynamo():
+    x, target = _mlm_inputs(), _MLM_TARGETS
+    loss = lambda x, t: torch.nn.functional.multilabel_margin_loss(x, t)  # noqa: E731
+    compiled = torch.compile(loss, backend="tpu_inductor", options=STRICT)
+    torch.testing.assert_close(compiled(x, target), loss(x, target))
 
 
 # --- 64-bit policy ---------------------------------------------------------------------------

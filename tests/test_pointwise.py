@@ -14,7 +14,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, mutually_broadcastable_shapes
 
-from tests.helpers import check_many_against_eager, eager_accepts
+from tests.helpers import assert_same, check_against_eager, check_many_against_eager, eager_accepts
 
 DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool)
 
@@ -225,3 +225,41 @@ def test_complex_operands():
             fns[f"{n}_real"] = lambda z, w, x, f=f: f(z, x)
     assert {"abs", "sgn", "mul", "div"} <= set(fns)
     check_many_against_eager(fns, z, w, x, tolerance=tol)
+
+
+def test_shift_operators():
+    """x << n and x >> n (aten.__lshift__/__rshift__), including shifts past the bit width."""
+    fns = {
+        "lshift": lambda x, t: x << 3,
+        "rshift": lambda x, t: x >> 1,
+        "lshift_tensor": lambda x, t: x << t,
+        "rshift_tensor": lambda x, t: x >> t,
+        "overshift": lambda x, t: (x << 9, x >> 9),  # past 8 bits
+    }
+    for dtype in (torch.int8, torch.uint8, torch.int32, torch.int64):
+        x = torch.tensor([7, -7, 1, 0, 100, -128]).to(dtype)
+        t = torch.tensor([0, 1, 3, 7, 2, 9]).to(dtype)
+        check_many_against_eager(fns, x, t, options={"fallback": "error"})
+
+
+def test_xlogy_of_a_python_scalar():
+    """torch's decomposition of xlogy(scalar, y) makes the scalar with prims.scalar_tensor."""
+    y = torch.tensor([0.0, float("nan"), 2.0, 0.5])
+    for x in (0.0, 3.0):
+        fn = lambda y, x=x: torch.xlogy(x, y)  # noqa: E731
+        compiled = torch.compile(fn, backend="tpu_inductor", options={"fallback": "error"})
+        assert_same(compiled(y), fn(y))
+    scalar = torch.ops.prims.scalar_tensor.default
+    check_against_eager(
+        lambda y: y * scalar(2.5, dtype=torch.float64, device=y.device),
+        y,
+        options={"fallback": "error"},
+    )
+
+
+def test_gcd_and_lcm():
+    a = torch.tensor([12, -18, 0, 0, 7, 100, -45, 1])
+    b = torch.tensor([8, 24, 5, 0, 13, -75, -30, 1])
+    fns = {"gcd": torch.gcd, "lcm": torch.lcm}
+    for dtype in (torch.int32, torch.int64, torch.int16):
+        check_many_against_eager(fns, a.to(dtype), b.to(dtype), options={"fallback": "error"})

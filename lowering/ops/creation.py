@@ -1,8 +1,10 @@
-"""Tensor creation: full/zeros/ones/empty (and *_like, new_*), arange, scalar_tensor, fill."""
+"""Tensor creation: full/zeros/ones/empty (and *_like, new_*), arange, scalar_tensor, fill,
+tril_indices/triu_indices."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from torch._ops import ops
 
 from ..registry import register_lowering
@@ -52,7 +54,7 @@ def ones(ctx, *_args, **_kw):
     return _full(ctx, 1)
 
 
-@register_lowering(aten.scalar_tensor.default, needs_ctx=True)
+@register_lowering(aten.scalar_tensor.default, ops.prims.scalar_tensor.default, needs_ctx=True)
 def scalar_tensor(ctx, value, **_kw):
     return jnp.asarray(value, dtype=ctx.out_dtype)
 
@@ -85,3 +87,13 @@ def arange(ctx, *args, **_kw):
 @register_lowering(aten.empty_permuted.default, needs_ctx=True)
 def empty_permuted(ctx, size, physical_layout, **_kw):
     return _full(ctx, 0)
+
+
+@register_lowering(aten.tril_indices.default, needs_ctx=True)
+def tril_indices(ctx, row, col, offset=0, **_kw):
+    return jnp.asarray(np.stack(np.tril_indices(row, offset, col)), ctx.out_dtype)
+
+
+@register_lowering(aten.triu_indices.default, needs_ctx=True)
+def triu_indices(ctx, row, col, offset=0, **_kw):
+    return jnp.asarray(np.stack(np.triu_indices(row, offset, col)), ctx.out_dtype)

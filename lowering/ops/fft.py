@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
+import numpy as np
 from torch._ops import ops
 
 from ..registry import register_lowering
@@ -45,6 +46,23 @@ def fft_c2r(ctx, x, dim, normalization, last_dim_size):
     sizes = [x.shape[d] for d in dim[:-1]] + [int(last_dim_size)]
     y = jnp.fft.irfftn(x, s=sizes, axes=dim, norm="forward")
     return _normalized(y, sizes, normalization).astype(ctx.out_dtype)
+
+
+def _frequencies(ctx, bins, n, d):
+    """Sample frequencies as torch computes them: integer bins times 1 / (n * d)."""
+    out = ctx.out_dtype
+    return jnp.asarray(bins, out) * jnp.asarray(1.0 / (n * d), out)
+
+
+@register_lowering(aten.fft_fftfreq.default, needs_ctx=True)
+def fft_fftfreq(ctx, n, d=1.0, **_kw):
+    bins = np.concatenate([np.arange((n + 1) // 2), np.arange(-(n // 2), 0)])
+    return _frequencies(ctx, bins, n, d)
+
+
+@register_lowering(aten.fft_rfftfreq.default, needs_ctx=True)
+def fft_rfftfreq(ctx, n, d=1.0, **_kw):
+    return _frequencies(ctx, np.arange(n // 2 + 1), n, d)
 
 
 # Conjugation: the Hermitian FFTs (hfft, ihfft) conjugate their input or result.

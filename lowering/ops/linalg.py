@@ -249,9 +249,8 @@ def linalg_lu_solve(lu, pivots, b, *, left=True, adjoint=False):
 def linalg_solve_ex(ctx, a, b, *, left=True, check_errors=False):
     vector = b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1])
     rhs = b[..., None] if vector else b
-    a, rhs = _broadcast_batch(a, rhs)
-    lu, piv, _ = _lu(a)
-    x = _lu_solve(lu, piv, rhs, left=left)
+    lu, piv, _ = _lu(a)  # LU, pivots and info keep A's batch shape; the solution broadcasts
+    x = linalg_lu_solve(lu, piv + 1, rhs, left=left)
     x = x[..., 0] if vector else x
     shape = tuple(int(d) for d in ctx.out[0].shape)
     return x.reshape(shape), lu, piv + 1, _lu_info(lu)
@@ -271,16 +270,24 @@ def _lu_sign_and_diag(lu, piv):
     return parity, jnp.diagonal(lu, axis1=-2, axis2=-1)
 
 
-@register_lowering(aten._linalg_det.default)
-def linalg_det(a):
-    lu, piv, _ = _lu(a)
+def _det_lu(ctx, a):
+    """getrf of the matrix torch's det and slogdet factor: A^T for a contiguous real A (it saves
+    a copy; det(A^T) = det(A)), else A. Their backward solves with this factor, so it must match.
+    """
+    val = ctx.node.args[0].meta["val"]
+    return _lu(jnp.swapaxes(a, -1, -2) if val.is_contiguous() and not val.is_complex() else a)
+
+
+@register_lowering(aten._linalg_det.default, needs_ctx=True)
+def linalg_det(ctx, a):
+    lu, piv, _ = _det_lu(ctx, a)
     parity, diag = _lu_sign_and_diag(lu, piv)
     return parity * jnp.prod(diag, axis=-1), lu, piv + 1
 
 
-@register_lowering(aten._linalg_slogdet.default)
-def linalg_slogdet(a):
-    lu, piv, _ = _lu(a)
+@register_lowering(aten._linalg_slogdet.default, needs_ctx=True)
+def linalg_slogdet(ctx, a):
+    lu, piv, _ = _det_lu(ctx, a)
     parity, diag = _lu_sign_and_diag(lu, piv)
     size = jnp.abs(diag)
     sign = parity * jnp.prod(jnp.where(size == 0, 0, diag / jnp.where(size == 0, 1, size)), -1)

@@ -1,4 +1,4 @@
-"""Neural-network ops: convolution, normalization, pooling, embedding, attention, NLL loss.
+"""Neural-network ops: convolution, normalization, pooling, embedding, attention, losses.
 
 Backward rules reuse their forward math through `jax.vjp` (one function per computation, no
 hand-written copies) unless torch's backward reads saved statistics (normalizations) or saved
@@ -331,16 +331,22 @@ def max_pool2d_with_indices(x, kernel, stride=(), padding=0, dilation=1, ceil_mo
     return _max_pool(x, kernel, stride, padding, dilation, ceil_mode)
 
 
+def max_pool_backward(grad, x, indices, nd: int):
+    """A max pool's input gradient: grad added at its saved `indices` (flat over the last `nd`
+    axes of x)."""
+    lead = math.prod(x.shape[:-nd])
+    g = _f32(grad).reshape(lead, -1)
+    rows = jnp.arange(lead)[:, None]
+    out = jnp.zeros((lead, math.prod(x.shape[-nd:])), g.dtype)
+    out = out.at[rows, indices.reshape(lead, -1)].add(g)
+    return out.reshape(x.shape).astype(grad.dtype)
+
+
 @register_lowering(aten.max_pool2d_with_indices_backward.default)
 def max_pool2d_with_indices_backward(
     grad, x, kernel, stride, padding, dilation, ceil_mode, indices
 ):
-    lead = int(np.prod(x.shape[:-2], dtype=np.int64))
-    plane = x.shape[-2] * x.shape[-1]
-    g = _f32(grad).reshape(lead, -1)
-    rows = jnp.arange(lead)[:, None]
-    out = jnp.zeros((lead, plane), g.dtype).at[rows, indices.reshape(lead, -1)].add(g)
-    return out.reshape(x.shape).astype(grad.dtype)
+    return max_pool_backward(grad, x, indices, 2)
 
 
 def _avg_pool(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
@@ -513,3 +519,31 @@ def nll_loss_forward(x, target, weight, reduction, ignore_index):
 def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
     forward = lambda x_: _nll(x_, target, weight, reduction, ignore_index)[0]  # noqa: E731
     return jax.vjp(forward, x)[1](grad.astype(x.dtype))[0]
+
+
+def _multilabel_margin(x, target, reduction):
+    """(loss, is_target) of torch's multilabel_margin_loss: a row's target classes are its
+    entries before the first -1; each pairs with every non-target class."""
+    xf, classes = _f32(x), x.shape[-1]
+    valid = jnp.cumsum(target == -1, axis=-1) == 0
+    safe = jnp.where(valid, target, 0)
+    is_target = jnp.any(valid[..., None] & (safe[..., None] == jnp.arange(classes)), axis=-2)
+    picked = jnp.take_along_axis(xf, safe, axis=-1)
+    margin = 1 - picked[..., :, None] + xf[..., None, :]  # (..., target j, class i)
+    margin = jnp.where(valid[..., :, None] & ~is_target[..., None, :] & (margin > 0), margin, 0)
+    losses = jnp.sum(margin, axis=(-2, -1)) / classes
+    loss = losses if reduction == 0 else jnp.mean(losses) if reduction == 1 else jnp.sum(losses)
+    return loss.astype(x.dtype), is_target.astype(x.dtype)
+
+
+@register_lowering(aten.multilabel_margin_loss_forward.default, needs_ctx=True)
+def multilabel_margin_loss_forward(ctx, x, target, reduction):
+    # shaped as torch's meta says: (1,), not the kernel's (), for a 1-d input left unreduced
+    return _results(ctx, _multilabel_margin(x, target, reduction))
+
+
+@register_lowering(aten.multilabel_margin_loss_backward.default)
+def multilabel_margin_loss_backward(grad, x, target, reduction, is_target):
+    forward = lambda x_: _multilabel_margin(x_, target, reduction)[0]  # noqa: E731
+    loss, vjp = jax.vjp(forward, x)
+    return vjp(grad.reshape(loss.shape).astype(loss.dtype))[0]

@@ -118,6 +118,11 @@ for _op, _fn in _BINARY.items():
     elementwise(_op)(_fn)
 for _op, _fn in _COMPARE.items():
     elementwise(_op, compute="promoted")(_fn)
+elementwise(aten.gcd.default)(jnp.gcd)  # gcd.int is size arithmetic
+elementwise(aten.lcm.default)(jnp.lcm)
+# The Python operators << and >> (their .int overloads are size arithmetic, not tensor ops).
+elementwise(aten.__lshift__.Scalar, aten.__lshift__.Tensor)(jnp.left_shift)
+elementwise(aten.__rshift__.Scalar, aten.__rshift__.Tensor)(jnp.right_shift)
 
 
 @elementwise(aten.add)

@@ -84,6 +84,16 @@ def adaptive_max_pool(ctx, x, output_size):
     return _adaptive_max_pool(ctx, x, output_size)
 
 
+@register_lowering(aten.adaptive_max_pool2d_backward.default)
+def adaptive_max_pool2d_backward(grad, x, indices):
+    return nn.max_pool_backward(grad, x, indices, 2)
+
+
+@register_lowering(aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool3d_backward(grad, x, indices):
+    return nn.max_pool_backward(grad, x, indices, 3)
+
+
 # --- 3-d pooling: 2-d pools per depth offset ----------------------------------------------------
 
 
@@ -132,19 +142,7 @@ def max_pool3d_with_indices(ctx, x, kernel, stride=(), padding=0, dilation=1, ce
 def max_pool3d_with_indices_backward(
     grad, x, kernel, stride, padding, dilation, ceil_mode, indices
 ):
-    lead = math.prod(x.shape[:-3])
-    flat_x = x.reshape(lead, 1, -1)  # one plane of D*H*W per (batch, channel)
-    flat = nn.max_pool2d_with_indices_backward(
-        grad.reshape(lead, 1, -1),
-        flat_x,
-        kernel,
-        stride,
-        padding,
-        dilation,
-        ceil_mode,
-        indices.reshape(lead, 1, -1),
-    )
-    return flat.reshape(x.shape)
+    return nn.max_pool_backward(grad, x, indices, 3)
 
 
 def _window_counts(size, kernel, stride, padding, ceil_mode, include_pad):

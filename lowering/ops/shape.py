@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import torch._prims  # noqa: F401  (defines the prims ops registered below)
 from jax import lax
@@ -232,13 +233,34 @@ def to_copy(
     return cast(x, ctx.out_dtype)
 
 
+def _pad_widths(pad, rank):
+    """torch's pad list (last axis first, (low, high) pairs) as one (low, high) per axis."""
+    widths = [(0, 0)] * rank
+    for i in range(len(pad) // 2):
+        widths[rank - 1 - i] = (int(pad[2 * i]), int(pad[2 * i + 1]))
+    return widths
+
+
 @register_lowering(aten.constant_pad_nd.default, needs_ctx=True)
 def constant_pad_nd(ctx, x, pad, value=0):
-    config = [(0, 0, 0)] * x.ndim
-    for i in range(len(pad) // 2):
-        axis = x.ndim - 1 - i
-        config[axis] = (int(pad[2 * i]), int(pad[2 * i + 1]), 0)
+    config = [(low, high, 0) for low, high in _pad_widths(pad, x.ndim)]
     return lax.pad(x, jnp.asarray(value, x.dtype), config)
+
+
+def _replication_pad(x, pad):
+    """Edge padding (torch's replication_padNd); negative widths crop first."""
+    widths = _pad_widths(pad, x.ndim)
+    x = lax.pad(x, jnp.zeros((), x.dtype), [(min(lo, 0), min(hi, 0), 0) for lo, hi in widths])
+    return jnp.pad(x, [(max(lo, 0), max(hi, 0)) for lo, hi in widths], mode="edge")
+
+
+@register_lowering(
+    aten.replication_pad1d_backward.default,
+    aten.replication_pad2d_backward.default,
+    aten.replication_pad3d_backward.default,
+)
+def replication_pad_backward(grad, x, padding):
+    return jax.vjp(lambda x_: _replication_pad(x_, padding), x)[1](grad)[0]
 
 
 @register_lowering(aten.tril.default)
@@ -251,20 +273,42 @@ def triu(x, diagonal=0):
     return jnp.triu(x, diagonal)
 
 
-@register_lowering(aten.as_strided.default, aten.as_strided_copy.default, needs_ctx=True)
-def as_strided(ctx, x, size, stride, storage_offset=None):
-    # Gathers the flat elements the strided view would read: exact only when torch's input is
-    # contiguous from offset 0 (its storage is then our row-major value).
+def _strided_index(ctx, size, stride, storage_offset):
+    """The flat positions a strided view of the node's first argument reads (shaped `size`).
+
+    Exact only when torch's argument is contiguous from offset 0: its storage is then our
+    row-major value.
+    """
     base = ctx.node.args[0].meta.get("val")
     if base is None or not base.is_contiguous() or base.storage_offset() != 0:
-        raise NotImplementedError("as_strided of a non-contiguous or offset tensor")
-    flat = x.reshape(-1)
+        raise NotImplementedError(f"{ctx.node.target} of a non-contiguous or offset tensor")
     index = jnp.asarray(int(storage_offset or 0), jnp.int64)
     for axis, (n, s) in enumerate(zip(size, stride)):
         shape = [1] * len(size)
         shape[axis] = int(n)
         index = index + (jnp.arange(int(n), dtype=jnp.int64) * int(s)).reshape(shape)
-    return flat[index] if len(size) else flat[index].reshape(())
+    return index
+
+
+@register_lowering(aten.as_strided.default, aten.as_strided_copy.default, needs_ctx=True)
+def as_strided(ctx, x, size, stride, storage_offset=None):
+    return x.reshape(-1)[_strided_index(ctx, size, stride, storage_offset)]
+
+
+@register_lowering(aten.as_strided_scatter.default, needs_ctx=True)
+def as_strided_scatter(ctx, x, src, size, stride, storage_offset=None):
+    index = _strided_index(ctx, size, stride, storage_offset)
+    return x.reshape(-1).at[index].set(src.astype(x.dtype)).reshape(x.shape)
+
+
+@register_lowering(aten.view_as_real.default, aten.view_as_real_copy.default)
+def view_as_real(x):
+    return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+
+
+@register_lowering(aten.view_as_complex.default, aten.view_as_complex_copy.default)
+def view_as_complex(x):
+    return lax.complex(x[..., 0], x[..., 1])
 
 
 @register_lowering(aten.copy.default, needs_ctx=True)

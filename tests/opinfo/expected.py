@@ -30,9 +30,6 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
             "eager torch rejects the sample on this machine: RuntimeError: setStorage: sizes [2, 2], strides [1, 2], storage offset 10, and itemsize 4 requiring a storage size of 56 are out of bounds for storage of size 40",
         ),
     },
-    "as_strided_scatter": {
-        "float32": ("unsupported", "no lowering rule yet for aten.as_strided_scatter.default"),
-    },
     "chalf": {
         "float32": ("unsupported", "no lowering rule yet for aten._to_copy.default"),
     },
@@ -249,9 +246,6 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.crow_indices.default(tensor(crow_indices=tensor([...]),",
         ),
     },
-    "stft": {
-        "float32": ("unsupported", "no lowering rule yet for aten.view_as_real.default"),
-    },
     "svd": {
         "float32": ("unsupported", "no lowering rule yet for aten._linalg_svd.default"),
     },
@@ -287,8 +281,5 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DynamicOutputShapeException: aten.unique_consecutive.default",
         ),
-    },
-    "view_as_complex": {
-        "float32": ("unsupported", "no lowering rule yet for aten.view_as_complex.default"),
     },
 }
