@@ -399,6 +399,21 @@ def test_higher_order_ops_are_named_as_such_when_refused():
     assert "torch.where can replace a torch.cond" in str(error)
 
 
+def test_an_input_of_another_layout_is_not_given_an_executable_lowered_for_the_first():
+    """Rules may lower by input layout (det factors a contiguous A^T): strides are in the key."""
+
+    def det_grad(a):
+        return torch.autograd.grad(torch.linalg.det(a), a)[0]
+
+    compiled = torch.compile(det_grad, backend="tpu_inductor", dynamic=False)
+    a = torch.randn(4, 4) + 4 * torch.eye(4)
+    for matrix in (a, a.t().contiguous().t()):  # the same values, transposed storage
+        leaf = matrix.detach().requires_grad_()
+        assert_same(
+            compiled(leaf), det_grad(matrix.detach().requires_grad_()), rtol=1e-4, atol=1e-4
+        )
+
+
 def test_conjugate_and_negative_view_inputs_are_read_with_their_sign():
     # x.conj() and torch._neg_view share the storage and set a lazy bit that dlpack drops.
     f = _compile(lambda x: x + 1)

@@ -299,7 +299,9 @@ class _Specializer:
     ) -> runtime.CompiledGraph:
         """Compiled for `inputs`; `scalars`: positions of integer inputs given as 0-d tensors."""
         signature = _input_signature(inputs)
-        key = cache.CacheKey.of([("graph", self.graph_entry), ("inputs", signature)])
+        key = cache.CacheKey.of(
+            [("graph", self.graph_entry), ("inputs", signature), ("strides", _strides(inputs))]
+        )
         record = debug.new_record(
             self.name, signature, fingerprint=self.graph_entry, options=self.options
         )
@@ -463,7 +465,7 @@ class SpecializingGraph:
         return outs
 
     def _call(self, args: list, scalars: frozenset[int]) -> list:
-        key = _input_signature(args)
+        key = (_input_signature(args), _strides(args))
         compiled = self._compiled.get(key)
         if compiled is None:  # debug.new_record logs why (which input, which dim)
             try:
@@ -491,6 +493,11 @@ def _input_signature(inputs: Sequence[Any]) -> tuple:
         (tuple(int(d) for d in v.shape), str(v.dtype)) if isinstance(v, torch.Tensor) else v
         for v in inputs
     )
+
+
+def _strides(inputs: Sequence[Any]) -> tuple:
+    """The tensor inputs' strides: rules may lower by layout (det factors a contiguous A^T)."""
+    return tuple(tuple(v.stride()) if isinstance(v, torch.Tensor) else None for v in inputs)
 
 
 def _graph_fingerprint(gm: torch.fx.GraphModule) -> str:
