@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from tpu_inductor import backend, cache, debug
+from tpu_inductor import cache, debug, decompositions
 
 from .helpers import assert_same, grads_of
 from .test_backend import _uses_unsupported_op
@@ -37,7 +37,7 @@ def _fresh_start() -> None:
     torch._dynamo.reset()
     cache.memory_cache.clear()
     counters.clear()
-    backend._decompositions.cache_clear()
+    decompositions.table.cache_clear()
 
 
 def _compile(model, cache_dir, **options):
@@ -65,7 +65,7 @@ def test_inference_warm_start_hits_aot_autograd_cache_and_skips_lowering(net, tm
     (record,) = debug.records[first_record:]
     assert record.cache["aot_autograd"] == "hit" and record.cache["decision"] == "disk_hit"
     assert "lower" not in record.timings and "pjrt_compile" not in record.timings
-    assert "_table" not in vars(backend._decompositions()), "a warm start built decompositions"
+    assert "_table" not in vars(decompositions.table()), "a warm start built decompositions"
 
 
 def test_training_warm_start_gives_eager_gradients(net, tmp_path):

@@ -560,16 +560,24 @@ def test_multilabel_margin_loss(batched, reduction):
     _run(loss_and_grad, (x.requires_grad_(), target), F32)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch registers its wrong decomposition as multilabel_margin_loss_forward's "
-    "Autograd kernel (py_impl), which AOTAutograd runs before the decomposition table",
-)
-def test_multilabel_margin_loss_through_dynamo():
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_multilabel_margin_loss_through_dynamo(reduction):
+    """torch also installs its wrong decomposition as the op's Autograd kernel, which tracing
+    runs before any table: taken out while tracing (tpu_inductor.decompositions)."""
     x, target = _mlm_inputs(), _MLM_TARGETS
-    loss = lambda x, t: torch.nn.functional.multilabel_margin_loss(x, t)  # noqa: E731
+
+    def loss(x, t):
+        return torch.nn.functional.multilabel_margin_loss(x, t, reduction=reduction)
+
     compiled = torch.compile(loss, backend="tpu_inductor", options=STRICT)
-    torch.testing.assert_close(compiled(x, target), loss(x, target))
+    leaf, want_leaf = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got, want = compiled(leaf, target), loss(want_leaf, target)
+    torch.testing.assert_close(got, want)
+    got.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close(leaf.grad, want_leaf.grad)
+    kernels = torch.ops.aten.multilabel_margin_loss_forward.default.py_kernels
+    assert torch._C.DispatchKey.Autograd in kernels  # put back for everyone else
 
 
 # --- 64-bit policy ---------------------------------------------------------------------------

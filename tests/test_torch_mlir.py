@@ -165,7 +165,7 @@ def _forward_graph(model, inputs):
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
-    from tpu_inductor.backend import _decompositions
+    from tpu_inductor import decompositions
 
     captured = []
 
@@ -177,7 +177,9 @@ def _forward_graph(model, inputs):
         return make_boxed_func(call)
 
     backend = aot_autograd(
-        fw_compiler=capture, decompositions=_decompositions(), keep_inference_input_mutations=True
+        fw_compiler=capture,
+        decompositions=decompositions.table(),
+        keep_inference_input_mutations=True,
     )
     with torch.no_grad():
         torch.compile(model, backend=backend, fullgraph=True)(**inputs)

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from . import __version__, runtime, serialize
+from . import __version__, decompositions, runtime, serialize
 from .exc import ArtifactError, InputMismatchError, OptionError, UnsupportedOpError
 
 log = logging.getLogger(__name__)
@@ -270,7 +270,6 @@ def _device_here(platform: str) -> runtime.Device | None:
 
 
 def _compile_bucket(model, inputs, sizes, directory: Path, platform, device, x64, weights):
-    from torch._decomp import core_aten_decompositions
     from torch.export.graph_signature import InputKind, OutputKind
     from torch.utils._pytree import treespec_dumps
 
@@ -278,8 +277,9 @@ def _compile_bucket(model, inputs, sizes, directory: Path, platform, device, x64
     from .passes import pipeline
 
     examples = tuple(torch.zeros(s.concrete(sizes), dtype=s.dtype) for s in inputs)
-    program = torch.export.export(model, examples, strict=False)
-    program = program.run_decompositions(core_aten_decompositions())
+    with decompositions.tracing():
+        program = torch.export.export(model, examples, strict=False)
+        program = program.run_decompositions(dict(decompositions.table()))
     signature = program.graph_signature
     odd = [o for o in signature.output_specs if o.kind is not OutputKind.USER_OUTPUT]
     if odd:

@@ -8,14 +8,13 @@ decomposes it to core ATen and splits forward from backward, and hands each grap
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from . import debug
+from . import debug, decompositions
 from .config import Options
 from .exc import DeviceError
 
@@ -66,13 +65,14 @@ def tpu_inductor(
     with (
         torch._functorch.config.patch(unlift_effect_tokens=True),
         autograd_cache.active(opts) if use_autograd_cache else contextlib.nullcontext(),
+        decompositions.tracing(),
     ):
         return aot_autograd(
             fw_compiler=compiler("forward"),
             bw_compiler=compiler("backward"),
             inference_compiler=compiler("inference"),
             partition_fn=_partition,
-            decompositions=_decompositions(),
+            decompositions=decompositions.table(),
             keep_inference_input_mutations=True,
         )(gm, example_inputs)
 
@@ -91,35 +91,6 @@ def _require_cpu_tensors(inputs: Sequence[Any]) -> None:
                 "option. Move the model and its inputs to the CPU (.cpu()), or compile for "
                 f"{value.device.type} with another backend."
             )
-
-
-@functools.cache
-def _decompositions() -> Mapping:
-    """Core ATen's decompositions, built at their first use: building them costs 0.15 s, which
-    a warm start (an AOTAutogradCache hit, no tracing) never needs to pay."""
-    return _LazyDecompositions()
-
-
-class _LazyDecompositions(Mapping):
-    @functools.cached_property
-    def _table(self) -> dict:
-        from torch._decomp import core_aten_decompositions
-
-        table = dict(core_aten_decompositions())
-        # torch's decomposition counts targets after a row's first -1 (wrong values); lowered.
-        loss = torch.ops.aten.multilabel_margin_loss_forward
-        for name in loss.overloads():
-            table.pop(getattr(loss, name), None)
-        return table
-
-    def __getitem__(self, op):
-        return self._table[op]
-
-    def __iter__(self) -> Iterator:
-        return iter(self._table)
-
-    def __len__(self) -> int:
-        return len(self._table)
 
 
 def _partition(joint, joint_inputs, **kwargs):

@@ -105,11 +105,10 @@ def op_db() -> list:
     return list(db)
 
 
-@functools.cache
 def _decompositions():
-    from tpu_inductor.backend import _decompositions as backend_decompositions
+    from tpu_inductor import decompositions
 
-    return backend_decompositions()
+    return decompositions.table()
 
 
 def run_entry(op, dtype: torch.dtype, samples: int = 3, baseline: str | None = None) -> Outcome:
