@@ -230,7 +230,7 @@ def test_integer_values_are_module_arguments_not_one_compile_per_value(x64):
     it is passed to the module, not compiled in: 10 values, 2 compiles (static, then symbolic)."""
 
     def f(x, step):
-        return x * step + (step * 2 - 1)
+        return x * step + (step * 2 - 1), x * 0.99**step  # the power: through scalar_tensor
 
     compiled = _compile(f, x64=x64)
     for x in (torch.randn(4), torch.arange(4, dtype=torch.int32)):

@@ -59,6 +59,9 @@ def scalar_tensor(ctx, value, **_kw):
     return jnp.asarray(value, dtype=ctx.out_dtype)
 
 
+scalar_tensor.takes_traced_scalars = True  # `value` may be a 0-d array (see specialize)
+
+
 @register_lowering(aten.fill.Scalar, aten.fill.Tensor, needs_ctx=True)
 def fill(ctx, x, value):
     return jnp.full(x.shape, jnp.asarray(value).astype(ctx.out_dtype), dtype=ctx.out_dtype)
