@@ -2,9 +2,9 @@
 
 The graph is evaluated by the interpreter inside `jax.jit(...).trace(...)`, for the concrete
 input shapes given (SymInt inputs are specialized to their values, or passed as 0-d tensors when
-they are values only: `scalar_inputs`), and lowered for one PJRT
-platform. The LoweredModule says how to call the module and rebuild torch's outputs: which
-graph inputs are tensors, what each graph output is (a module result or a Python value), which
+they are values only: `scalar_inputs`), and lowered for one PJRT platform. The LoweredModule
+says how to call the module and rebuild torch's outputs: which graph inputs are tensors, what
+each graph output is (a module result, an input, a view of a result, or a Python value), which
 inputs the graph mutates, and whether it takes a per-call random seed.
 """
 
