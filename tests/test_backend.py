@@ -439,6 +439,76 @@ def test_meta_inputs_run_in_eager_and_other_devices_are_refused(caplog):
         backend._require_cpu_tensors([torch.ones(1), x])
 
 
+def test_threads_calling_two_instances_of_one_module_each_get_their_own_parameters():
+    """Dynamo compiles the class's forward once; its graph serves both instances, whose
+    parameters it holds resident: one thread's refresh must not feed the other's call."""
+    import threading
+
+    torch.manual_seed(0)
+    models = [nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8)) for _ in range(2)]
+    compiled = [_compile(m) for m in models]
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        expected = [m(x) for m in models]
+        for c in compiled:
+            c(x)  # compiled before the threads start
+    wrong = [0, 0]
+
+    def work(i):
+        with torch.no_grad():
+            for _ in range(300):
+                wrong[i] += not torch.allclose(compiled[i](x), expected[i], atol=1e-5)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == [0, 0]
+
+
+def test_a_deleted_model_frees_its_parameters():
+    """Resident parameters are not kept alive by the compiled graph (nor is their memory)."""
+    import gc
+    import weakref
+
+    def run():
+        model = nn.Linear(64, 64)
+        with torch.no_grad():
+            _compile(model)(torch.randn(2, 64))
+        return weakref.ref(model.weight)
+
+    weight = run()
+    gc.collect()
+    assert weight() is None
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # jax's warning at the fork
+def test_compiling_in_a_forked_child_is_an_error_not_a_hang():
+    import multiprocessing
+
+    compiled = _compile(nn.Linear(8, 8))
+    with torch.no_grad():
+        compiled(torch.randn(4, 8))  # the parent's PJRT client exists
+    context = multiprocessing.get_context("fork")
+    errors = context.Queue()
+
+    def child():
+        try:
+            with torch.no_grad():
+                compiled(torch.randn(3, 8))  # a new size: a compile
+            errors.put("no error")
+        except Exception as e:
+            errors.put(str(getattr(e, "inner_exception", e)))
+
+    process = context.Process(target=child)
+    process.start()
+    process.join(120)
+    assert process.exitcode == 0, "the child hung or crashed"
+    message = errors.get(timeout=5)
+    assert "PJRT cannot compile in a forked child" in message and "'spawn'" in message
+
+
 def _update_in_place(model):
     model.weight.mul_(3)
     model.bias.add_(1)

@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import logging
 import os
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +42,19 @@ class Device:
     client: Any
     device: Any
     platform: str  # the client's platform: "cpu", "gpu", "tpu"
+    process: int = dataclasses.field(default_factory=os.getpid)  # where the client was made
+
+    def require_own_process(self) -> None:
+        """PJRT clients do not survive a fork: their threads stay in the parent, and a compile
+        in the child waits for them forever. Running what the parent compiled still works."""
+        if os.getpid() != self.process:
+            raise DeviceError(
+                f"tpu_inductor: this process was forked (from pid {self.process}) after its PJRT "
+                f"client was created; PJRT cannot compile in a forked child. Start workers with "
+                "multiprocessing's 'spawn' or 'forkserver' method (DataLoader(..., "
+                "multiprocessing_context='spawn')), or call the model at every input size "
+                "before forking."
+            )
 
     @property
     def lowering_platform(self) -> str:
@@ -105,6 +119,7 @@ def _synchronous_cpu_client():
 
 def compile_stablehlo(module: bytes | str, device: Device):
     """PJRT-compile a StableHLO module (bytecode or text) for one device; returns the executable."""
+    device.require_own_process()
     _register_custom_calls(device, module)
     try:
         return device.client.compile_and_load(module, *_placement(device))
@@ -124,6 +139,7 @@ def deserialize_executable(data: bytes, device: Device, module: bytes | str):
     kernels must be registered first. Loading runs code from `data` in this process: only pass
     bytes from a trusted place.
     """
+    device.require_own_process()
     _register_custom_calls(device, module)
     return device.client.deserialize_executable(data, *_placement(device))
 
@@ -263,12 +279,9 @@ class CompiledGraph:
         self._resident_inputs = tuple(entry for entry in inputs if entry[1] in static)
         self._resident_positions = tuple(position for _, position, _ in self._resident_inputs)
         # Parameters and buffers stay on the device while their stamp holds (see
-        # `_refresh_resident`). The arguments list holds their arrays, and the tensors are kept
-        # alive so that an identity or a storage cannot be reused.
-        self._resident_stamp: list = []
-        self._resident_tensors: list[torch.Tensor] = []
-        self._resident_copies: frozenset[int] = frozenset()  # CPU copies: sent on every call
-        self._arguments: list[Any] = [None] * len(inputs)
+        # `_refresh_resident`), in one state replaced whole: threads calling with the
+        # parameters of different modules each use the state they made.
+        self._resident = _Resident.empty(len(inputs))
         self._output_casts = tuple(
             spec.dtype if spec.dtype != module_dtype else None
             for spec, module_dtype in zip(lowered.output_specs, lowered.module_output_dtypes)
@@ -281,9 +294,8 @@ class CompiledGraph:
         )
 
     def __call__(self, args: list) -> list:
-        if self._resident_positions:
-            self._refresh_resident(args)
-        arrays = self._arguments.copy()
+        resident = self._refresh_resident(args) if self._resident_positions else self._resident
+        arrays = list(resident.arguments)
         to_device = self._transfer.to_device
         for slot, position, cast in self._per_call:
             arrays[slot] = to_device(args[position] if cast is None else args[position].to(cast))
@@ -308,8 +320,9 @@ class CompiledGraph:
         args.clear()
         return returned
 
-    def _refresh_resident(self, args: list) -> None:
-        """Send again the parameters that changed (none, on a steady-state call).
+    def _refresh_resident(self, args: list) -> _Resident:
+        """The resident state for these parameters: sent again where they changed (none, on a
+        steady-state call).
 
         CPU: a zero-copy array reads the tensor's memory, so whatever writes it (an optimizer,
         `.data`, inference mode, a flat buffer the parameters view) is seen; only another
@@ -317,27 +330,67 @@ class CompiledGraph:
         or cast parameter) is sent on every call, for the same writes. Other devices hold
         copies, sent again when (identity, version, storage) changes: a write that bypasses the
         version counter (through `.data`, or to an inference tensor) is not seen there.
+
+        The parameters are not kept alive: when one dies, the state is dropped (its arrays hold
+        the memory; and an identity or a storage could then be reused by another tensor).
         """
         tensors = [args[position] for position in self._resident_positions]
         if self._transfer.on_cpu:
-            stamp = [tensor.data_ptr() for tensor in tensors]
+            stamp = tuple(tensor.data_ptr() for tensor in tensors)
         else:
-            stamp = [(id(t), _version(t), t.data_ptr()) for t in tensors]
-        if stamp == self._resident_stamp and not self._resident_copies:
-            return
-        previous = self._resident_stamp or [None] * len(stamp)
+            stamp = tuple((id(t), _version(t), t.data_ptr()) for t in tensors)
+        state = self._resident
+        if stamp == state.stamp and not state.copies:
+            return state
+        previous = state.stamp or (None,) * len(stamp)
+        arguments = list(state.arguments)
         copies = []
         for index, ((slot, _, cast), tensor, now, before) in enumerate(
             zip(self._resident_inputs, tensors, stamp, previous)
         ):
-            if now != before or index in self._resident_copies:
+            if now != before or index in state.copies:
                 value = tensor if cast is None else tensor.to(cast)
                 array = self._transfer.to_device(value)
-                self._arguments[slot] = array
+                arguments[slot] = array
                 if self._transfer.on_cpu and not self._transfer.aliases(array, tensor):
                     copies.append(index)
-        self._resident_stamp, self._resident_tensors = stamp, tensors
-        self._resident_copies = frozenset(copies)
+        fresh = _Resident(stamp, tuple(arguments), frozenset(copies))
+        fresh.watch(tensors, self)
+        replaced, self._resident = self._resident, fresh
+        replaced.unwatch()
+        return fresh
+
+    def _forget_resident(self, state: _Resident) -> None:
+        if self._resident is state:
+            self._resident = _Resident.empty(len(state.arguments))
+
+
+class _Resident:
+    """Parameters on the device: their stamp, the module's argument list with their arrays,
+    which of them are CPU copies (sent on every call), and a finalizer per parameter that
+    drops this state from its graph when the parameter dies."""
+
+    def __init__(self, stamp: tuple, arguments: tuple, copies: frozenset[int]):
+        self.stamp, self.arguments, self.copies = stamp, arguments, copies
+        self._finalizers: list = []
+
+    @classmethod
+    def empty(cls, arguments: int) -> _Resident:
+        return cls((), (None,) * arguments, frozenset())
+
+    def watch(self, tensors: Sequence[torch.Tensor], graph: CompiledGraph) -> None:
+        refs = weakref.ref(graph), weakref.ref(self)  # nor do they keep the graph or its arrays
+        self._finalizers = [weakref.finalize(t, _forget, *refs) for t in tensors]
+
+    def unwatch(self) -> None:
+        for finalizer in self._finalizers:
+            finalizer.detach()
+
+
+def _forget(graph_ref, state_ref) -> None:
+    graph, state = graph_ref(), state_ref()
+    if graph is not None and state is not None:
+        graph._forget_resident(state)
 
 
 def _version(tensor: torch.Tensor) -> int:
