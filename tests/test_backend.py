@@ -281,6 +281,23 @@ def test_integer_values_fall_back_to_constants_when_they_fail_to_lower(monkeypat
     assert "refused for the test" in caplog.text
 
 
+def test_compiles_per_size_are_bounded(monkeypatch, caplog):
+    """A graph with symbolic sizes keeps its most recently used compiles; a dropped size that
+    comes back compiles again (or hits the compile cache), still right."""
+    from tpu_inductor import compile_fx
+
+    monkeypatch.setattr(compile_fx.SpecializingGraph, "max_sizes", 2)
+    compiled, before = _compile(lambda x: x * 2, cache=False), len(debug.records)
+    with caplog.at_level(logging.WARNING, logger="tpu_inductor"):
+        for n in (2, 3, 4, 5, 3, 2):
+            assert_same(compiled(torch.ones(n)), torch.full((n,), 2.0))
+    graph = next(  # the symbolic graph Dynamo traced at size 3
+        r.graph for r in debug.records[before:] if "(a symbolic size" in (r.recompile or "")
+    )
+    assert f"{graph} has been compiled for more than 2 input sizes" in caplog.text
+    assert caplog.text.count("has been compiled for more than") == 1  # one warning
+
+
 def test_input_mutation_is_written_back():
     def f(buf, x):
         buf.add_(x)

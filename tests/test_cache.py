@@ -397,3 +397,14 @@ def test_cached_executable_with_lapack_calls_runs_in_a_fresh_process(tmp_path):
         assert run.returncode == 0, run.stderr[-2000:]
     cold, warm = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
     assert cold.get("disk_store", 0) >= 1 and warm.get("disk_hit", 0) >= 1, (cold, warm)
+
+
+def test_memory_level_keeps_the_most_recently_used_entries():
+    memory, compiles = cache.MemoryCache(max_entries=2), []
+
+    def get(name):
+        return memory.get_or_compile([("graph", name)], lambda: compiles.append(name) or name)
+
+    for name in ("a", "b", "a", "c", "a", "b"):  # "c" evicts "b" (a was used since)
+        assert get(name) == name
+    assert compiles == ["a", "b", "c", "b"]

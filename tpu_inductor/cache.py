@@ -154,10 +154,17 @@ class Codec:
 
 
 class MemoryCache:
-    """key digest → compiled value, for the life of the process; optionally backed by disk."""
+    """key digest → compiled value, the `max_entries` most recently used; optionally backed by
+    disk. (A value also lives as long as a compiled graph uses it.)"""
 
-    def __init__(self) -> None:
-        self._entries: dict[str, Any] = {}
+    def __init__(self, max_entries: int = 128) -> None:
+        self.max_entries = max_entries
+        self._entries: collections.OrderedDict[str, Any] = collections.OrderedDict()
+
+    def _keep(self, digest: str, value: Any) -> None:
+        self._entries[digest] = value
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
 
     def get_or_compile(
         self,
@@ -187,6 +194,7 @@ class MemoryCache:
         info["key"] = key.digest
         value = self._entries.get(key.digest)
         if value is not None:
+            self._entries.move_to_end(key.digest)
             counters["hit"] += 1
             info["decision"] = "memory_hit"
             return value
@@ -197,14 +205,14 @@ class MemoryCache:
             if value is not None:
                 counters["disk_hit"] += 1
                 info["decision"] = "disk_hit"
-                self._entries[key.digest] = value
+                self._keep(key.digest, value)
                 return value
         counters["miss"] += 1
         info["decision"] = "miss"
         if compile_fn is None:
             return None
         value = compile_fn()
-        self._entries[key.digest] = value
+        self._keep(key.digest, value)
         if disk is not None and codec is not None:
             with stage("cache_store"):
                 disk.store(key, lambda: codec.encode(value), label)

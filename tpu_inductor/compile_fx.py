@@ -20,6 +20,7 @@ from an earlier process, stage 4's lookup only.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import itertools
@@ -445,13 +446,20 @@ class SpecializingGraph:
     Integer inputs that are values only (`scalars`: positions) are passed as 0-d int64 tensors,
     not compiled in: a new value is not a new signature. Should such a graph fail to lower, they
     are compiled in (once per value) from then on, with a warning.
+
+    The `max_sizes` most recently used compiles are kept (a warning says when one is dropped).
     """
+
+    max_sizes = 64
 
     def __init__(self, specialize: _Specializer, scalars: frozenset[int] = frozenset()):
         self._boxed_call = True  # an instance attribute: wrappers copy __dict__, not the class
         self._specialize = specialize
         self._scalars = scalars
-        self._compiled: dict[tuple, runtime.CompiledGraph] = {}
+        self._compiled: collections.OrderedDict[tuple, runtime.CompiledGraph] = (
+            collections.OrderedDict()
+        )
+        self._warned = False
 
     def __call__(self, args: list) -> list:
         scalars = self._scalars
@@ -467,7 +475,9 @@ class SpecializingGraph:
     def _call(self, args: list, scalars: frozenset[int]) -> list:
         key = (_input_signature(args), _strides(args))
         compiled = self._compiled.get(key)
-        if compiled is None:  # debug.new_record logs why (which input, which dim)
+        if compiled is not None:
+            self._compiled.move_to_end(key)
+        else:  # debug.new_record logs why (which input, which dim)
             try:
                 compiled = self._specialize(args, scalars)
             except LoweringError as e:
@@ -484,8 +494,22 @@ class SpecializingGraph:
                 for position in scalars:
                     args[position] = int(args[position])
                 return self._call(args, frozenset())
-            self._compiled[key] = compiled
+            self._keep(key, compiled)
         return compiled(args)
+
+    def _keep(self, key: tuple, compiled: runtime.CompiledGraph) -> None:
+        self._compiled[key] = compiled
+        if len(self._compiled) > self.max_sizes:
+            self._compiled.popitem(last=False)
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "tpu_inductor: %s has been compiled for more than %d input sizes; the least "
+                    "recently used are dropped (compiled again if they come back). Pad inputs "
+                    "to a few fixed sizes.",
+                    self._specialize.name,
+                    self.max_sizes,
+                )
 
 
 def _input_signature(inputs: Sequence[Any]) -> tuple:
