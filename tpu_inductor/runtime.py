@@ -336,13 +336,13 @@ class CompiledGraph:
         """
         tensors = [args[position] for position in self._resident_positions]
         if self._transfer.on_cpu:
-            stamp = tuple(tensor.data_ptr() for tensor in tensors)
+            stamp = [tensor.data_ptr() for tensor in tensors]
         else:
-            stamp = tuple((id(t), _version(t), t.data_ptr()) for t in tensors)
+            stamp = [(id(t), _version(t), t.data_ptr()) for t in tensors]
         state = self._resident
         if stamp == state.stamp and not state.copies:
             return state
-        previous = state.stamp or (None,) * len(stamp)
+        previous = state.stamp or [None] * len(stamp)
         arguments = list(state.arguments)
         copies = []
         for index, ((slot, _, cast), tensor, now, before) in enumerate(
@@ -370,13 +370,13 @@ class _Resident:
     which of them are CPU copies (sent on every call), and a finalizer per parameter that
     drops this state from its graph when the parameter dies."""
 
-    def __init__(self, stamp: tuple, arguments: tuple, copies: frozenset[int]):
+    def __init__(self, stamp: list, arguments: tuple, copies: frozenset[int]):
         self.stamp, self.arguments, self.copies = stamp, arguments, copies
         self._finalizers: list = []
 
     @classmethod
     def empty(cls, arguments: int) -> _Resident:
-        return cls((), (None,) * arguments, frozenset())
+        return cls([], (None,) * arguments, frozenset())
 
     def watch(self, tensors: Sequence[torch.Tensor], graph: CompiledGraph) -> None:
         refs = weakref.ref(graph), weakref.ref(self)  # nor do they keep the graph or its arrays
