@@ -224,18 +224,27 @@ def _compiles_of(fn, calls) -> int:
     return sum(record.status != "failed" for record in debug.records[before:])
 
 
-@pytest.mark.parametrize("x64", ["keep", "narrow"])
-def test_integer_values_are_module_arguments_not_one_compile_per_value(x64):
+def test_integer_values_are_module_arguments_not_one_compile_per_value():
     """Dynamo makes an int argument that changes symbolic; used only as a value (a step counter),
     it is passed to the module, not compiled in: 10 values, 2 compiles (static, then symbolic)."""
 
     def f(x, step):
         return x * step + (step * 2 - 1), x * 0.99**step  # the power: through scalar_tensor
 
-    compiled = _compile(f, x64=x64)
+    compiled = _compile(f)
     for x in (torch.randn(4), torch.arange(4, dtype=torch.int32)):
         torch._dynamo.reset()
         assert _compiles_of((compiled, f), [(x, step) for step in range(2, 12)]) == 2
+
+
+def test_integer_values_past_32_bits_are_compiled_in_under_x64_narrow():
+    """Narrowed to int32, a module argument would wrap: under x64="narrow" each value compiles."""
+
+    def f(x, i):
+        return x * i, x + (i - 2**32)
+
+    calls = [(torch.ones(3), 2**32 + k) for k in (3, 4, 5)]
+    assert _compiles_of((_compile(f, x64="narrow"), f), calls) == 3
 
     def sized(x, n):  # n is a size here: compiled once per value, still right
         return torch.full((3,), n) + x.sum(), (x * n, n + 1)

@@ -32,7 +32,7 @@ import torch
 
 from . import cache, debug, runtime
 from .config import Options
-from .exc import LoweringError, TpuInductorError, UnsupportedOpError
+from .exc import TpuInductorError, UnsupportedOpError
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +266,7 @@ def _compile_region(gm, example_inputs, options: Options, device, static_inputs,
     if example_inputs is not None and all(_is_concrete(v) for v in example_inputs):
         return specializer(example_inputs)
     scalars = frozenset()
-    if options.lowering != "torch-mlir":
+    if options.lowering != "torch-mlir" and options.x64 == "keep":  # narrow: 32 bits would wrap
         from .lowering import specialize
 
         scalars = specialize.value_only_integer_inputs(gm, device.lowering_platform)
@@ -480,7 +480,7 @@ class SpecializingGraph:
         else:  # debug.new_record logs why (which input, which dim)
             try:
                 compiled = self._specialize(args, scalars)
-            except LoweringError as e:
+            except Exception as e:  # a rule, or size arithmetic the trace cannot do
                 if not scalars:
                     raise
                 log.warning(
