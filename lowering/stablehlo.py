@@ -35,9 +35,9 @@ class TensorSpec:
 @dataclasses.dataclass(frozen=True)
 class OutputSlot:
     """One graph output: module result number `result`; else graph input number `input`
-    returned as it is (no copy through the module); else a `view` of a module result (its
-    number, size, stride, storage offset; in `view_dtype` if not the result's), as eager returns
-    `y, y[0]`; else the Python `value`."""
+    returned as it is (no copy through the module); else a `view` (base number, size, stride,
+    storage offset; in `view_dtype` if not the base's) of a module result, as eager returns
+    `y, y[0]`, or of graph input `input` (`x[i]`); else the Python `value`."""
 
     result: int | None
     value: Any = None
@@ -146,8 +146,12 @@ def lower(
             result_of[node] = len(results)
             results.append(value)
         for index, (base, size, stride, offset, dtype) in views.items():
-            view = (result_of[base], size, stride, offset)
-            slots[index] = OutputSlot(None, view=view, view_dtype=dtype)
+            if isinstance(base, _InputBase):
+                view = (base.position, size, stride, offset)
+                slots[index] = OutputSlot(None, input=base.position, view=view)
+            else:
+                view = (result_of[base], size, stride, offset)
+                slots[index] = OutputSlot(None, view=view, view_dtype=dtype)
         structure.update(slots=tuple(slots), mutations=tuple(mutations))
         return tuple(results)
 
@@ -192,13 +196,19 @@ def _flat_outputs(gm) -> list:
     return list(flatten(output_node.args[0]))
 
 
+@dataclasses.dataclass(frozen=True)
+class _InputBase:
+    position: int  # the graph input whose storage an output views
+
+
 def _aliased_outputs(gm, passed_through) -> tuple[dict[int, tuple], list[torch.fx.Node]]:
-    """Graph outputs that share a storage (views of one another, or of one intermediate), as
-    eager returns `y, y[0]` or `y[:3], y[1:]`: output number → (its base: an output number or a
-    node, size, stride, storage offset, dtype if not the base's); and the base nodes that are not
-    outputs (extra module results). The module computes each base once and the outputs are
-    viewed from it at run time, so that a write through one shows through the others.
-    (Storages of inputs are AOTAutograd's to rebuild.)"""
+    """Graph outputs that share a storage (views of one another, of one intermediate, or of an
+    input), as eager returns `y, y[0]`, `y[:3], y[1:]` or `x[i]`: output number → (its base: an
+    output number, a node or an `_InputBase`; size, stride, storage offset, dtype if not the
+    base's); and the base nodes that are not outputs (extra module results). The module computes
+    each base once and the outputs are viewed from it at run time, so that a write through one
+    shows through the others. (AOTAutograd rebuilds its views of inputs from the strides and
+    offset of ours: a copy would put them at offset 0.)"""
     from torch.multiprocessing.reductions import StorageWeakRef
 
     def storage(val):
@@ -215,10 +225,23 @@ def _aliased_outputs(gm, passed_through) -> tuple[dict[int, tuple], list[torch.f
         if isinstance(val, torch.Tensor) and passed_through[index] is None:
             groups.setdefault(storage(val), []).append(index)
     nodes = [n for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
-    of_inputs = {storage(n.meta["val"]) for n in nodes if n.op == "placeholder"}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    of_inputs = {
+        storage(n.meta["val"]): (position, n.meta["val"].dtype)
+        for position, n in enumerate(placeholders)
+        if isinstance(n.meta.get("val"), torch.Tensor)
+    }
     views, bases = {}, []
     for key, members in groups.items():
-        if len(members) < 2 or key in of_inputs:
+        if key in of_inputs:
+            position, dtype = of_inputs[key]
+            for index in members:
+                val = vals[index]
+                if val.dtype == dtype:  # (a dtype view of an input stays a copy)
+                    shape, stride = tuple(val.shape), tuple(val.stride())
+                    views[index] = (_InputBase(position), shape, stride, val.storage_offset(), None)
+            continue
+        if len(members) < 2:
             continue
         base = next((i for i in members if covers(vals[i])), None)
         if base is None:

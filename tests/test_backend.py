@@ -440,6 +440,44 @@ def test_an_input_of_another_layout_is_not_given_an_executable_lowered_for_the_f
         )
 
 
+def _same_views(got_all, want_all, base_got, base_want):
+    for got, want in zip(got_all, want_all):
+        assert_same(got, want)
+        assert (got.stride(), got.storage_offset()) == (want.stride(), want.storage_offset())
+        shares = got.untyped_storage().data_ptr() == base_got.untyped_storage().data_ptr()
+        assert shares == (
+            want.untyped_storage().data_ptr() == base_want.untyped_storage().data_ptr()
+        )
+
+
+def test_views_of_an_input_at_a_symbolic_offset_are_views_at_that_offset():
+    """Dynamo makes `i` symbolic on the second call; AOTAutograd rebuilds a view of an input
+    from the offset of ours: a copy put x[i] at row 0 for every i."""
+
+    def f(x, i):
+        return x[i], x[i:], x.narrow(1, i, 2)
+
+    compiled, x = _compile(f), torch.arange(20.0).reshape(4, 5)
+    for i in range(3):
+        _same_views(compiled(x, i), f(x, i), x, x)
+
+
+def test_views_of_a_region_input_in_a_split_graph_are_views_of_it():
+    """y is computed in one region and viewed in the next (torch.cond splits the graph)."""
+
+    def f(x):
+        y = x + 1
+        z = torch.cond(y.sum() > 0, lambda t: t * 2, lambda t: t * 3, (y,))
+        return y, y[1:], y.t(), z.sum()
+
+    x = torch.randn(6, 8)
+    with torch.no_grad():
+        got, want = _compile(f)(x), f(x)
+    _same_views(got, want, got[0], want[0])
+    got[0][1, 0] = 100.0
+    assert got[1][0, 0] == 100.0 and got[2][0, 1] == 100.0
+
+
 def test_conjugate_and_negative_view_inputs_are_read_with_their_sign():
     # x.conj() and torch._neg_view share the storage and set a lazy bit that dlpack drops.
     f = _compile(lambda x: x + 1)

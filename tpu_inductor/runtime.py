@@ -287,8 +287,8 @@ class CompiledGraph:
             for spec, module_dtype in zip(lowered.output_specs, lowered.module_output_dtypes)
         )
         self._slots = tuple((slot.result, slot.input, slot.value) for slot in lowered.outputs)
-        self._views = tuple(
-            (index, *slot.view, slot.view_dtype)
+        self._views = tuple(  # of a module result, or of an input (`slot.input` set)
+            (index, slot.input is not None, *slot.view, slot.view_dtype)
             for index, slot in enumerate(lowered.outputs)
             if slot.view
         )
@@ -314,8 +314,10 @@ class CompiledGraph:
             outs[result] if result is not None else value if source is None else args[source]
             for result, source, value in self._slots
         ]
-        for index, base, size, stride, offset, dtype in self._views:
-            viewed = outs[base] if dtype is None else outs[base].reshape(-1).view(dtype)
+        for index, of_input, base, size, stride, offset, dtype in self._views:
+            viewed = args[base] if of_input else outs[base]
+            if dtype is not None:  # a result: contiguous, so its flat view is one
+                viewed = viewed.reshape(-1).view(dtype)
             returned[index] = viewed.as_strided(size, stride, offset)
         args.clear()
         return returned

@@ -50,12 +50,13 @@ def lowered_to_json(lowered: LoweredModule) -> dict[str, Any]:
     for slot in lowered.outputs:
         if slot.result is not None:
             outputs.append({"result": slot.result})
-        elif slot.input is not None:
-            outputs.append({"input": slot.input})
         elif slot.view is not None:
             base, size, stride, offset = slot.view
             dtype = None if slot.view_dtype is None else dtype_name(slot.view_dtype)
-            outputs.append({"view": [base, list(size), list(stride), offset, dtype]})
+            view = {"view": [base, list(size), list(stride), offset, dtype]}
+            outputs.append(view if slot.input is None else {**view, "of_input": True})
+        elif slot.input is not None:
+            outputs.append({"input": slot.input})
         elif isinstance(slot.value, _SCALARS):
             outputs.append({"value": slot.value})
         else:
@@ -78,13 +79,14 @@ def lowered_from_json(data: dict[str, Any], bytecode: bytes, text: str) -> Lower
     for slot in data["outputs"]:
         if "result" in slot:
             outputs.append(OutputSlot(_int(slot["result"])))
-        elif "input" in slot:
-            outputs.append(OutputSlot(None, input=_int(slot["input"])))
         elif "view" in slot:
             base, size, stride, offset, dtype = slot["view"]
             view = (_int(base), tuple(map(_int, size)), tuple(map(_int, stride)), _int(offset))
             dtype = None if dtype is None else dtype_from_name(dtype)
-            outputs.append(OutputSlot(None, view=view, view_dtype=dtype))
+            source = view[0] if slot.get("of_input") is True else None
+            outputs.append(OutputSlot(None, input=source, view=view, view_dtype=dtype))
+        elif "input" in slot:
+            outputs.append(OutputSlot(None, input=_int(slot["input"])))
         elif isinstance(slot["value"], _SCALARS):
             outputs.append(OutputSlot(None, slot["value"]))
         else:
