@@ -121,3 +121,35 @@ def test_mutating_one_of_two_aliased_inputs():
     compiled = torch.compile(fn, backend="tpu_inductor", options=STRICT)
     assert_same(compiled(base, base[1]), expected)
     assert_same(base, expected_base)
+
+
+_BYTE_VIEWS = [  # (input, dtype viewed as): sizes change the last dim, as in torch
+    (torch.randn(3, 4), torch.int16),
+    (torch.randn(3, 4), torch.float64),
+    (torch.randn(3, 4), torch.complex64),
+    (torch.randn(2, 4, dtype=torch.complex64), torch.float32),
+    (torch.randn(2, 4, dtype=torch.complex64), torch.uint8),
+    (torch.randint(-9, 9, (2, 8)), torch.int8),
+    (torch.randn(4, 6).half(), torch.float32),
+    (torch.randn(5, 4) > 0, torch.uint8),
+    (torch.tensor([[0, 1, 1, 0]], dtype=torch.uint8), torch.bool),
+]
+
+
+@pytest.mark.parametrize(("x", "dtype"), _BYTE_VIEWS, ids=lambda v: str(getattr(v, "dtype", v)))
+def test_view_as_a_dtype_of_another_size(x, dtype):
+    """bool and complex included: the same bytes, read as another dtype."""
+
+    def f(t):
+        return (t + 0 if t.dtype != torch.bool else ~~t).view(dtype)  # computed, then viewed
+
+    check_against_eager(f, x, options={"fallback": "error"})
+
+
+def test_view_as_a_dtype_of_64_bit_values_under_narrow_is_refused():
+    with pytest.raises(LoweringError, match="64-bit values under x64='narrow'"):
+        check_against_eager(
+            lambda t: (t + 0).view(torch.int32),
+            torch.ones(2, 2, dtype=torch.int64),
+            options={"fallback": "error", "x64": "narrow"},
+        )

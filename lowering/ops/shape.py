@@ -34,10 +34,36 @@ def view(x, shape):
 
 @register_lowering(aten.view.dtype, needs_ctx=True)
 def view_dtype(ctx, x, dtype):
-    out = ctx.out_dtype
-    if jnp.dtype(out).itemsize == x.dtype.itemsize:
-        return lax.bitcast_convert_type(x, out)
-    raise NotImplementedError("view(dtype) between dtypes of different sizes")
+    """The same bytes as another dtype; a size change scales the last dim, as in torch."""
+    source = ctx.node.args[0].meta["val"].dtype
+    if ctx.x64 == "narrow" and 8 in (source.itemsize, dtype.itemsize):
+        raise NotImplementedError("view(dtype) of 64-bit values under x64='narrow' (narrowed)")
+    return _from_bits(_to_bits(x), ctx.out_dtype)
+
+
+def _to_bits(x):
+    """x as a real (non-bool) array of its bytes: complex as (real, imag) pairs."""
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint8)
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        pairs = jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+        return pairs.reshape(*x.shape[:-1], -1) if x.ndim else pairs
+    return x
+
+
+def _from_bits(x, out):
+    """The bytes of a real array `x` read as `out`, its last dim scaled by the size ratio."""
+    if out == jnp.bool_:
+        return _from_bits(x, jnp.dtype(jnp.uint8)) != 0
+    if jnp.issubdtype(out, jnp.complexfloating):
+        part = _from_bits(x, jnp.finfo(out).dtype)
+        pairs = part.reshape(*part.shape[:-1], -1, 2)
+        return lax.complex(pairs[..., 0], pairs[..., 1])
+    ratio = x.dtype.itemsize / jnp.dtype(out).itemsize
+    if ratio < 1:  # wider: consecutive elements join
+        x = x.reshape(*x.shape[:-1], -1, round(1 / ratio))
+    y = lax.bitcast_convert_type(x, out)
+    return y.reshape(*x.shape[:-1], -1) if ratio > 1 else y
 
 
 @register_lowering(aten.permute.default, aten.permute_copy.default)
