@@ -229,7 +229,12 @@ def test_integer_values_are_module_arguments_not_one_compile_per_value():
     it is passed to the module, not compiled in: 10 values, 2 compiles (static, then symbolic)."""
 
     def f(x, step):
-        return x * step + (step * 2 - 1), x * 0.99**step  # the power: through scalar_tensor
+        return (
+            x * step + (step * 2 - 1),
+            x * 0.99**step,  # the power: through scalar_tensor
+            x.clamp(min=step) + torch.full_like(x, step),
+            torch.div(x, step, rounding_mode="floor"),
+        )
 
     compiled = _compile(f)
     for x in (torch.randn(4), torch.arange(4, dtype=torch.int32)):

@@ -54,10 +54,17 @@ def elementwise(*ops, compute: str = "auto"):
             return cast(fn(*arrays, **kwargs), ctx.out_dtype)
 
         rule.__name__ = rule.__qualname__ = fn.__name__
-        rule.takes_traced_scalars = True  # a scalar argument may be a 0-d array (see specialize)
+        takes_traced_scalars(rule)
         return fn
 
     return decorate
+
+
+def takes_traced_scalars(rule: Callable) -> Callable:
+    """Mark a rule whose scalar arguments may be traced 0-d arrays: integer inputs passed to the
+    module at run time rather than compiled in (lowering/specialize.py)."""
+    rule.takes_traced_scalars = True
+    return rule
 
 
 def _is_value(a) -> bool:

@@ -8,6 +8,7 @@ import numpy as np
 from torch._ops import ops
 
 from ..registry import register_lowering
+from .common import takes_traced_scalars
 
 aten = ops.aten
 
@@ -19,16 +20,19 @@ def _full(ctx, value):
 
 
 @register_lowering(aten.full.default, needs_ctx=True)
+@takes_traced_scalars
 def full(ctx, size, fill_value, **_kw):
     return _full(ctx, fill_value)
 
 
 @register_lowering(aten.full_like.default, needs_ctx=True)
+@takes_traced_scalars
 def full_like(ctx, x, fill_value, *args, **_kw):
     return _full(ctx, fill_value)
 
 
 @register_lowering(aten.new_full.default, needs_ctx=True)
+@takes_traced_scalars
 def new_full(ctx, x, size, fill_value, **_kw):
     return _full(ctx, fill_value)
 
@@ -55,14 +59,13 @@ def ones(ctx, *_args, **_kw):
 
 
 @register_lowering(aten.scalar_tensor.default, ops.prims.scalar_tensor.default, needs_ctx=True)
+@takes_traced_scalars
 def scalar_tensor(ctx, value, **_kw):
     return jnp.asarray(value, dtype=ctx.out_dtype)
 
 
-scalar_tensor.takes_traced_scalars = True  # `value` may be a 0-d array (see specialize)
-
-
 @register_lowering(aten.fill.Scalar, aten.fill.Tensor, needs_ctx=True)
+@takes_traced_scalars
 def fill(ctx, x, value):
     return jnp.full(x.shape, jnp.asarray(value).astype(ctx.out_dtype), dtype=ctx.out_dtype)
 

@@ -10,7 +10,7 @@ from jax import lax
 from torch._ops import ops
 
 from ..registry import register_lowering
-from .common import accumulation_dtype, cast, elementwise
+from .common import accumulation_dtype, cast, elementwise, takes_traced_scalars
 
 aten = ops.aten
 
@@ -146,6 +146,7 @@ def div(a, b):
 
 
 @register_lowering(aten.div.Tensor_mode, aten.div.Scalar_mode, needs_ctx=True)
+@takes_traced_scalars
 def div_mode(ctx, a, b, *, rounding_mode=None):
     out = ctx.out_dtype
     a, b = cast(a, accumulation_dtype(out)), cast(b, accumulation_dtype(out))
@@ -208,6 +209,7 @@ def where(ctx, condition, a, b):
 
 
 @register_lowering(aten.clamp.default, aten.clamp.Tensor, needs_ctx=True)
+@takes_traced_scalars
 def clamp(ctx, x, min=None, max=None):
     dtype = ctx.compute_dtype()
     x = cast(x, dtype)
