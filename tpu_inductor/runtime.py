@@ -279,7 +279,7 @@ class CompiledGraph:
         self._resident_inputs = tuple(entry for entry in inputs if entry[1] in static)
         self._resident_positions = tuple(position for _, position, _ in self._resident_inputs)
         # Parameters and buffers stay on the device while their stamp holds (see
-        # `_refresh_resident`), in one state replaced whole: threads calling with the
+        # `_resident_arguments`), in one state replaced whole: threads calling with the
         # parameters of different modules each use the state they made.
         self._resident = _Resident.empty(len(inputs))
         self._output_casts = tuple(
@@ -294,8 +294,10 @@ class CompiledGraph:
         )
 
     def __call__(self, args: list) -> list:
-        resident = self._refresh_resident(args) if self._resident_positions else self._resident
-        arrays = list(resident.arguments)
+        if self._resident_positions:
+            arrays = list(self._resident_arguments(args))
+        else:
+            arrays = list(self._resident.arguments)
         to_device = self._transfer.to_device
         for slot, position, cast in self._per_call:
             arrays[slot] = to_device(args[position] if cast is None else args[position].to(cast))
@@ -322,9 +324,9 @@ class CompiledGraph:
         args.clear()
         return returned
 
-    def _refresh_resident(self, args: list) -> _Resident:
-        """The resident state for these parameters: sent again where they changed (none, on a
-        steady-state call).
+    def _resident_arguments(self, args: list) -> Sequence[Any]:
+        """The module's arguments with the parameters' arrays: sent again where they changed
+        (none, on a steady-state call).
 
         CPU: a zero-copy array reads the tensor's memory, so whatever writes it (an optimizer,
         `.data`, inference mode, a flat buffer the parameters view) is seen; only another
@@ -342,18 +344,24 @@ class CompiledGraph:
         else:
             stamp = [(id(t), _version(t), t.data_ptr()) for t in tensors]
         state = self._resident
-        if stamp == state.stamp and not state.copies:
-            return state
+        if stamp != state.stamp:
+            return self._resend(tensors, stamp, state).arguments
+        if not state.copies:
+            return state.arguments
+        arguments = list(state.arguments)  # this call's: the state's copies stay as they are
+        for index in state.copies:
+            arguments[self._resident_inputs[index][0]] = self._send(index, tensors[index])
+        return arguments
+
+    def _resend(self, tensors, stamp: list, state: _Resident) -> _Resident:
+        """A new state, published: the changed parameters and the CPU copies sent again."""
         previous = state.stamp or [None] * len(stamp)
         arguments = list(state.arguments)
         copies = []
-        for index, ((slot, _, cast), tensor, now, before) in enumerate(
-            zip(self._resident_inputs, tensors, stamp, previous)
-        ):
+        for index, (tensor, now, before) in enumerate(zip(tensors, stamp, previous)):
             if now != before or index in state.copies:
-                value = tensor if cast is None else tensor.to(cast)
-                array = self._transfer.to_device(value)
-                arguments[slot] = array
+                array = self._send(index, tensor)
+                arguments[self._resident_inputs[index][0]] = array
                 if self._transfer.on_cpu and not self._transfer.aliases(array, tensor):
                     copies.append(index)
         fresh = _Resident(stamp, tuple(arguments), frozenset(copies))
@@ -361,6 +369,11 @@ class CompiledGraph:
         replaced, self._resident = self._resident, fresh
         replaced.unwatch()
         return fresh
+
+    def _send(self, index: int, tensor: torch.Tensor):
+        """Resident parameter `index` (cast to the module's dtype if need be) on the device."""
+        cast = self._resident_inputs[index][2]
+        return self._transfer.to_device(tensor if cast is None else tensor.to(cast))
 
     def _forget_resident(self, state: _Resident) -> None:
         if self._resident is state:
