@@ -153,18 +153,37 @@ class Codec:
     decode: Callable[[dict[str, bytes], dict[str, Any]], Any]
 
 
+class RecentlyUsed:
+    """A mapping that keeps its `limit` most recently used entries (a `get` hit counts)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._entries: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+
+    def get(self, key) -> Any:
+        value = self._entries.get(key)
+        if value is not None:
+            self._entries.move_to_end(key)
+        return value
+
+    def put(self, key, value) -> bool:
+        """Keep `value`; whether the least recently used entry was dropped to make room."""
+        self._entries[key] = value
+        if len(self._entries) <= self.limit:
+            return False
+        self._entries.popitem(last=False)
+        return True
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
 class MemoryCache:
     """key digest → compiled value, the `max_entries` most recently used; optionally backed by
     disk. (A value also lives as long as a compiled graph uses it.)"""
 
     def __init__(self, max_entries: int = 128) -> None:
-        self.max_entries = max_entries
-        self._entries: collections.OrderedDict[str, Any] = collections.OrderedDict()
-
-    def _keep(self, digest: str, value: Any) -> None:
-        self._entries[digest] = value
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+        self._entries = RecentlyUsed(max_entries)
 
     def get_or_compile(
         self,
@@ -194,7 +213,6 @@ class MemoryCache:
         info["key"] = key.digest
         value = self._entries.get(key.digest)
         if value is not None:
-            self._entries.move_to_end(key.digest)
             counters["hit"] += 1
             info["decision"] = "memory_hit"
             return value
@@ -205,14 +223,14 @@ class MemoryCache:
             if value is not None:
                 counters["disk_hit"] += 1
                 info["decision"] = "disk_hit"
-                self._keep(key.digest, value)
+                self._entries.put(key.digest, value)
                 return value
         counters["miss"] += 1
         info["decision"] = "miss"
         if compile_fn is None:
             return None
         value = compile_fn()
-        self._keep(key.digest, value)
+        self._entries.put(key.digest, value)
         if disk is not None and codec is not None:
             with stage("cache_store"):
                 disk.store(key, lambda: codec.encode(value), label)

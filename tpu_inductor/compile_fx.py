@@ -20,7 +20,6 @@ from an earlier process, stage 4's lookup only.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import hashlib
 import itertools
@@ -456,9 +455,7 @@ class SpecializingGraph:
         self._boxed_call = True  # an instance attribute: wrappers copy __dict__, not the class
         self._specialize = specialize
         self._scalars = scalars
-        self._compiled: collections.OrderedDict[tuple, runtime.CompiledGraph] = (
-            collections.OrderedDict()
-        )
+        self._compiled = cache.RecentlyUsed(self.max_sizes)
         self._warned = False
 
     def __call__(self, args: list) -> list:
@@ -475,9 +472,7 @@ class SpecializingGraph:
     def _call(self, args: list, scalars: frozenset[int]) -> list:
         key = (_input_signature(args), _strides(args))
         compiled = self._compiled.get(key)
-        if compiled is not None:
-            self._compiled.move_to_end(key)
-        else:  # debug.new_record logs why (which input, which dim)
+        if compiled is None:  # debug.new_record logs why (which input, which dim)
             try:
                 compiled = self._specialize(args, scalars)
             except Exception as e:  # a rule, or size arithmetic the trace cannot do
@@ -498,18 +493,15 @@ class SpecializingGraph:
         return compiled(args)
 
     def _keep(self, key: tuple, compiled: runtime.CompiledGraph) -> None:
-        self._compiled[key] = compiled
-        if len(self._compiled) > self.max_sizes:
-            self._compiled.popitem(last=False)
-            if not self._warned:
-                self._warned = True
-                log.warning(
-                    "tpu_inductor: %s has been compiled for more than %d input sizes; the least "
-                    "recently used are dropped (compiled again if they come back). Pad inputs "
-                    "to a few fixed sizes.",
-                    self._specialize.name,
-                    self.max_sizes,
-                )
+        if self._compiled.put(key, compiled) and not self._warned:
+            self._warned = True
+            log.warning(
+                "tpu_inductor: %s has been compiled for more than %d input sizes; the least "
+                "recently used are dropped (compiled again if they come back). Pad inputs "
+                "to a few fixed sizes.",
+                self._specialize.name,
+                self.max_sizes,
+            )
 
 
 def _input_signature(inputs: Sequence[Any]) -> tuple:
