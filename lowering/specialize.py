@@ -70,8 +70,9 @@ def with_concrete_sizes(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> torc
 
 def value_only_integer_inputs(gm: torch.fx.GraphModule, platform: str | None) -> frozenset[int]:
     """Positions of the SymInt inputs whose symbol is in no size, stride or offset, and whose
-    uses are integer arithmetic and elementwise rules only (which take a traced 0-d array as a
-    scalar argument): nothing reads their value at compile time."""
+    uses are integer arithmetic and rules marked `takes_traced_scalars` (elementwise ones, full,
+    clamp...: they take a traced 0-d array as a scalar argument): nothing reads their value at
+    compile time."""
     in_sizes = set()
     for node in gm.graph.nodes:
         for value in _flat_values(node.meta.get("val")):

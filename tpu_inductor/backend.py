@@ -31,7 +31,7 @@ def tpu_inductor(
     """Compile a Dynamo FX graph; returns a callable with the graph's calling convention."""
     opts = Options.from_user(options, mode)
     debug.dynamo_graph(gm, opts)
-    if _on_device(example_inputs, "meta"):  # shapes only: nothing to run on a device
+    if any(isinstance(v, torch.Tensor) and v.is_meta for v in example_inputs):  # shapes only
         log.warning("tpu_inductor: a graph of meta tensors has nothing to compute: eager torch")
         return gm.forward
     _require_cpu_tensors(example_inputs)
@@ -75,10 +75,6 @@ def tpu_inductor(
             decompositions=decompositions.table(),
             keep_inference_input_mutations=True,
         )(gm, example_inputs)
-
-
-def _on_device(inputs: Sequence[Any], kind: str) -> bool:
-    return any(isinstance(v, torch.Tensor) and v.device.type == kind for v in inputs)
 
 
 def _require_cpu_tensors(inputs: Sequence[Any]) -> None:
