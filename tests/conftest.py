@@ -1,4 +1,5 @@
-"""Test session setup: private, empty cache directories (ours and torch's) for the whole run."""
+"""Test session setup: private, empty cache directories (ours and torch's) for the whole run,
+and property tests that draw the same examples on every run (a CI run is reproducible)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,10 @@ import os
 import tempfile
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("reproducible", derandomize=True)
+settings.load_profile("reproducible")
 
 
 @pytest.fixture(autouse=True, scope="session")
