@@ -180,6 +180,26 @@ def test_scalar_operands(shape, dtype, scalar, seed):
     check_many_against_eager(fns, x, tolerance=_tol)
 
 
+def test_16_bit_ops_take_python_scalars_at_float32_and_round_once():
+    """A Python scalar operand of a bfloat16/float16 op enters the float32 computation as it is,
+    and the result is rounded once: what Inductor and torch's CUDA kernels do. torch's CPU
+    kernels round some scalars to the tensor's dtype first (bfloat16 `x + 1001` adds 1000, so
+    -2.5 + 1001 gives 996 there and 1000 here and in Inductor): no tolerance covers that step,
+    so the expected values are spelled out."""
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.tensor([3.0, 1.0, -2.5, 7.0], dtype=dtype)
+        fns = {
+            "add": (lambda x: x + 1001, lambda w: w + 1001),
+            "sub": (lambda x: x - 1001.3, lambda w: w - 1001.3),
+            "rsub": (lambda x: 1001 - x, lambda w: 1001 - w),
+            "fmod": (lambda x: torch.fmod(x, 2.01), lambda w: torch.fmod(w, 2.01)),
+        }
+        for name, (fn, at_float32) in fns.items():
+            expected = at_float32(x.float()).to(dtype)
+            compiled = torch.compile(fn, backend="tpu_inductor", options={"cache": False})
+            assert torch.equal(compiled(x), expected), (name, dtype, compiled(x), expected)
+
+
 def _divides_by_zero(name: str, x: torch.Tensor) -> bool:
     """Integer division of a scalar by x (integer) is undefined where x is zero."""
     return name.removesuffix("_l") in DIVIDES and name.endswith("_l") and not x.is_floating_point()
