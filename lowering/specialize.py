@@ -25,8 +25,7 @@ from ..exc import LoweringError
 from . import registry
 
 # Size arithmetic the interpreter evaluates that computes the same on a traced integer (a 0-d
-# array): Python's and jax's results agree (a power only with a float operand: jax's integer
-# power of a negative exponent is not Python's float).
+# array) as on a Python int, whatever the operands (more in `_is_value_arithmetic`).
 _VALUE_ARITHMETIC = frozenset(
     {operator.add, operator.sub, operator.mul, operator.neg, operator.truediv}
 )
@@ -100,8 +99,7 @@ def _used_as_value_only(node: torch.fx.Node, platform: str | None) -> bool:
             continue  # the input itself, returned (saved for the backward): given back as it is
         if user.op != "call_function":
             return False  # a computed number returned: the caller wants it as a Python number
-        float_power = user.target is operator.pow and any(isinstance(a, float) for a in user.args)
-        if user.target in _VALUE_ARITHMETIC or float_power:
+        if _is_value_arithmetic(user, node):
             if not _used_as_value_only(user, platform):
                 return False
             continue
@@ -109,6 +107,21 @@ def _used_as_value_only(node: torch.fx.Node, platform: str | None) -> bool:
         if rule is None or not getattr(rule.fn, "takes_traced_scalars", False):
             return False
     return True
+
+
+def _is_value_arithmetic(user: torch.fx.Node, node: torch.fx.Node) -> bool:
+    """Whether `user` computes the same on a traced `node` as on a Python int: + - * / and
+    negation; a power with a float operand (jax's integer power of a negative exponent is not
+    Python's float); // and % of it by a nonzero constant (floor semantics in both; a divisor
+    that is the value could be zero, where Python raises)."""
+    if user.target in _VALUE_ARITHMETIC:
+        return True
+    if user.target is operator.pow:
+        return any(isinstance(a, float) for a in user.args)
+    if user.target in (operator.floordiv, operator.mod):
+        divisor = user.args[1]
+        return user.args[0] is node and isinstance(divisor, int) and divisor != 0
+    return False
 
 
 def _flat_values(value) -> list:

@@ -234,6 +234,8 @@ def test_integer_values_are_module_arguments_not_one_compile_per_value():
             x * 0.99**step,  # the power: through scalar_tensor
             x.clamp(min=step) + torch.full_like(x, step),
             torch.div(x, step, rounding_mode="floor"),
+            torch.add(x, x, alpha=step) - torch.sub(x, x, alpha=step // 2),
+            x * ((-step) // 4) + (step % 3) - (step % -5),  # floor semantics, as Python's
         )
 
     compiled = _compile(f)

@@ -127,17 +127,25 @@ elementwise(aten.__rshift__.Scalar, aten.__rshift__.Tensor)(jnp.right_shift)
 
 @elementwise(aten.add)
 def add(a, b, *, alpha=1):
-    return a + b * alpha if alpha != 1 else a + b
+    return a + _scaled(b, alpha)
 
 
 @elementwise(aten.sub)
 def sub(a, b, *, alpha=1):
-    return a - b * alpha if alpha != 1 else a - b
+    return a - _scaled(b, alpha)
 
 
 @elementwise(aten.rsub)
 def rsub(a, b, *, alpha=1):
-    return b - a * alpha if alpha != 1 else b - a
+    return b - _scaled(a, alpha)
+
+
+def _scaled(x, alpha):
+    """x * alpha, no product for a Python 1; a traced alpha (an integer argument passed to the
+    module at run time) in x's dtype, as a Python alpha would be."""
+    if isinstance(alpha, (bool, int, float)):
+        return x if alpha == 1 else x * alpha
+    return x * cast(alpha, x.dtype)
 
 
 @elementwise(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor, aten.true_divide.Scalar)
