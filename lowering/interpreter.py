@@ -32,7 +32,15 @@ def _make_token():
     return jnp.zeros((0,), jnp.float32)
 
 
-# Targets the interpreter evaluates itself: size arithmetic, tuple access, effect tokens.
+def _assert_scalar(condition, message) -> None:
+    """`torch._check` on sizes, for the sizes being compiled: a no-op where it holds."""
+    if condition is not True and condition is not False:
+        raise LoweringError(f"a runtime assertion on a traced value cannot be checked: {message}")
+    if not condition:
+        raise LoweringError(f"a runtime assertion fails for these inputs' sizes: {message}")
+
+
+# Targets the interpreter evaluates itself: size arithmetic and checks, tuple access, effect tokens.
 _PYTHON_TARGETS: dict[Any, Callable] = {
     operator.getitem: operator.getitem,
     operator.add: operator.add,
@@ -64,6 +72,7 @@ _PYTHON_TARGETS: dict[Any, Callable] = {
     aten.sym_numel.default: lambda x: math.prod(x.shape),
     aten.sym_stride.int: lambda x, dim: _contiguous_strides(x.shape)[dim],
     aten.sym_storage_offset.default: lambda x: 0,
+    aten._assert_scalar.default: _assert_scalar,
     torch.ops.prims._make_token.default: _make_token,
     torch.ops.prims._sink_tokens.default: lambda tokens: None,
 }

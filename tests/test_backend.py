@@ -216,6 +216,21 @@ def test_size_arithmetic_of_symbolic_graphs_is_evaluated_not_left_to_eager():
         assert_same(compiled(x, y), f(x, y))
 
 
+def test_checks_on_sizes_are_evaluated_not_left_to_eager():
+    """torch._check on sizes (aten._assert_scalar in the graph) holds for every size Dynamo's
+    guards let through: evaluated at lowering, it splits no graph."""
+
+    def f(x, n):
+        torch._check(n >= 2)
+        torch._check(x.shape[0] % 2 == 0)
+        return x[:n] * 2 + 1
+
+    compiled = torch.compile(f, backend="tpu_inductor", options={"fallback": "error"}, dynamic=True)
+    for size in (4, 6, 8):
+        x = torch.randn(size)
+        assert_same(compiled(x, size // 2), f(x, size // 2))
+
+
 def _compiles_of(fn, calls) -> int:
     """Call `fn` = (compiled, eager) on each of `calls`, checking results; the compiles made."""
     before = len(debug.records)
