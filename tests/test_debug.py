@@ -156,8 +156,8 @@ def test_shape_change_recompile_is_explained(run_dump):
 
 
 def test_recompiles_for_a_python_number_are_explained_as_such():
-    def f(x, n):  # n // 2 (Python's floor division) is not taken traced: compiled per value
-        return x * (n // 2)
+    def f(x, n):  # 12 // n (n could be 0, where Python raises) is not traced: compiled per value
+        return x * (12 // n)
 
     compiled = torch.compile(f, backend="tpu_inductor", options={"cache": False})
     before = len(debug.records)
