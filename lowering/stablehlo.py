@@ -46,6 +46,24 @@ class OutputSlot:
     view_dtype: torch.dtype | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Shardings:
+    """How a module's tensor arguments are split over a device mesh: the mesh's `axes` (name,
+    size), and per tensor argument a partition spec: per dim, the mesh axis it is split over,
+    or None. Results are replicated: every device holds them whole. XLA's SPMD partitioner
+    (Shardy) splits the computation and inserts the collectives."""
+
+    axes: tuple[tuple[str, int], ...]
+    inputs: tuple[tuple[str | None, ...], ...]
+
+    @property
+    def devices(self) -> int:
+        count = 1
+        for _, size in self.axes:
+            count *= size
+        return count
+
+
 @dataclasses.dataclass
 class LoweredModule:
     """A StableHLO module and how to call it from torch."""
@@ -61,6 +79,7 @@ class LoweredModule:
     uses_rng: bool  # the module's first argument is a per-call int32[2] seed
     x64: str  # the 64-bit policy it was lowered under
     text_with_locations: str = ""  # `text` with MLIR source locations (for dumps); "" if unknown
+    shardings: Shardings | None = None  # None: one device
 
     @property
     def module_input_dtypes(self) -> tuple[torch.dtype, ...]:
@@ -92,11 +111,13 @@ def lower(
     platform: str = "cpu",
     x64: str = "keep",
     scalar_inputs: frozenset[int] = frozenset(),
+    shardings: Shardings | None = None,
 ) -> LoweredModule:
     """Lower `gm` for `inputs` (tensors or fake tensors, and concrete ints) on `platform`.
 
     `scalar_inputs`: positions of SymInt inputs given as 0-d int64 tensors, module arguments
-    (see `specialize.value_only_integer_inputs`).
+    (see `specialize.value_only_integer_inputs`). `shardings`: split the tensor inputs over a
+    device mesh (None: one device).
     """
     import jax
 
@@ -161,7 +182,8 @@ def lower(
     if runner.uses_rng:
         arg_specs.insert(0, jax.ShapeDtypeStruct((2,), jax.numpy.int32))
     with dtypes.x64_scope(x64):
-        traced = jax.jit(fn, keep_unused=True).trace(*arg_specs)
+        traced = jax.jit(fn, keep_unused=True, **_jit_shardings(shardings, runner.uses_rng))
+        traced = traced.trace(*arg_specs)
         lowered = traced.lower(lowering_platforms=(platform,))
     module = lowered.compiler_ir("stablehlo")
     output_specs = _output_specs(gm, structure["slots"], structure["mutations"], inputs, bases)
@@ -179,7 +201,23 @@ def lower(
         uses_rng=runner.uses_rng,
         x64=x64,
         text_with_locations=module.operation.get_asm(enable_debug_info=True),
+        shardings=shardings,
     )
+
+
+def _jit_shardings(shardings: Shardings | None, uses_rng: bool) -> dict[str, Any]:
+    """jax.jit's in/out shardings over an abstract mesh (no devices needed to lower): the seed,
+    if any, and the results replicated."""
+    if shardings is None:
+        return {}
+    from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+
+    names = tuple(name for name, _ in shardings.axes)
+    mesh = AbstractMesh(tuple(size for _, size in shardings.axes), names)
+    inputs = [NamedSharding(mesh, PartitionSpec(*spec)) for spec in shardings.inputs]
+    if uses_rng:
+        inputs.insert(0, NamedSharding(mesh, PartitionSpec()))
+    return {"in_shardings": tuple(inputs), "out_shardings": NamedSharding(mesh, PartitionSpec())}
 
 
 def _passed_through_inputs(gm, tensor_inputs) -> list[int | None]:

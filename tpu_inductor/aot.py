@@ -11,6 +11,10 @@ PJRT platform that need not be present here. The directory holds:
     buckets/<n>/module.stablehlo  versioned portable StableHLO (what a host compiles)
     buckets/<n>/executable.bin    the PJRT executable, when the platform is present here
 
+With a mesh (`--mesh data=8`, `--shard NAME:SPEC`; see sharding.py), each module takes its
+inputs split over the mesh's devices and returns its results whole on every device; the manifest
+records the mesh and each bucket's partition specs, and `load` needs that many devices.
+
 `compile_model` writes into a temporary directory next to `out` and moves it into place when
 every bucket compiled: a failed compile leaves nothing, and a previous artifact at `out` is
 replaced whole (a directory holding anything else is refused).
@@ -39,12 +43,15 @@ import time
 from collections.abc import Callable, Sequence
 from inspect import Parameter, signature
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import __version__, decompositions, runtime, serialize
-from .exc import ArtifactError, InputMismatchError, OptionError, UnsupportedOpError
+from . import __version__, decompositions, runtime, serialize, sharding
+from .exc import ArtifactError, DeviceError, InputMismatchError, OptionError, UnsupportedOpError
+
+if TYPE_CHECKING:
+    from .lowering.stablehlo import Shardings
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +152,7 @@ def compile_model(
     buckets: dict[str, Sequence[int]] | None = None,
     platform: str | None = None,
     x64: str = "keep",
+    plan: sharding.Plan | None = None,
     command: str = "",
     progress: Callable[[int, int, str], None] | None = None,
 ) -> Path:
@@ -153,7 +161,9 @@ def compile_model(
     `model`: an nn.Module (put in eval mode) or an ExportedProgram (its mode was fixed when it
     was exported). `out` must be new, empty or a previous artifact, which is replaced whole once
     the compile succeeds. `platform`: "cpu", "cuda" or "tpu" (default: the best one here).
-    Executables are included when that platform is present here. Returns the manifest's path.
+    `plan`: split the inputs over a device mesh (see sharding.py). Executables are included
+    when that platform (with a plan: as many of its devices as the mesh has) is present here.
+    Returns the manifest's path.
     """
     buckets = {k: tuple(v) for k, v in (buckets or {}).items()}
     platform = platform or runtime.select_device("auto").lowering_platform
@@ -167,19 +177,31 @@ def compile_model(
     _check_dims(inputs, buckets)
     out = Path(out)
     _check_out(out)
-    device = _device_here(platform)
+    device = _device_here(platform, plan)
     staging = out.absolute().with_name(f".{out.absolute().name}.tmp-{secrets.token_hex(4)}")
     staging.parent.mkdir(parents=True, exist_ok=True)
     staging.mkdir()
     try:
-        _compile_into(model, inputs, staging, buckets, platform, device, x64, command, progress)
+        build = _Build(inputs, platform, device, x64, plan)
+        _compile_into(model, build, staging, buckets, command, progress)
         _replace_dir(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already unless the compile failed
     return out / MANIFEST
 
 
-def _compile_into(model, inputs, out: Path, buckets, platform, device, x64, command, progress):
+@dataclasses.dataclass(frozen=True)
+class _Build:
+    """What every bucket of one artifact is compiled with."""
+
+    inputs: Sequence[InputSpec]
+    platform: str
+    device: runtime.Device | None  # None: StableHLO only
+    x64: str
+    plan: sharding.Plan | None
+
+
+def _compile_into(model, build: _Build, out: Path, buckets, command, progress):
     (out / "buckets").mkdir()
     combos = [dict(zip(buckets, sizes)) for sizes in itertools.product(*buckets.values())]
     weights: dict[str, torch.Tensor] = {}
@@ -189,9 +211,8 @@ def _compile_into(model, inputs, out: Path, buckets, platform, device, x64, comm
         if progress:
             progress(number, len(combos), label)
         start = time.perf_counter()
-        entry, out_spec = _compile_bucket(
-            model, inputs, sizes, out / "buckets" / str(number), platform, device, x64, weights
-        )
+        folder = out / "buckets" / str(number)
+        entry, out_spec = _compile_bucket(model, build, sizes, folder, weights)
         entries.append(entry)
         log.info("tpu-inductor: compiled bucket %s in %.1fs", label, time.perf_counter() - start)
     if progress:
@@ -199,7 +220,7 @@ def _compile_into(model, inputs, out: Path, buckets, platform, device, x64, comm
     from safetensors.torch import save_file
 
     save_file({k: v.detach().contiguous().clone() for k, v in weights.items()}, out / WEIGHTS)
-    _write_manifest(out, inputs, buckets, entries, out_spec, platform, x64, command)
+    _write_manifest(out, build, buckets, entries, out_spec, command)
 
 
 def _check_inputs(model: torch.nn.Module, inputs: Sequence[InputSpec]) -> None:
@@ -261,15 +282,22 @@ def _check_dims(inputs: Sequence[InputSpec], buckets: dict[str, tuple[int, ...]]
         raise OptionError(f"tpu-inductor: --bucket {sorted(set(buckets) - used)} unused by inputs.")
 
 
-def _device_here(platform: str) -> runtime.Device | None:
+def _device_here(platform: str, plan: sharding.Plan | None) -> runtime.Device | None:
     device_name = _DEVICE_OF_PLATFORM[platform]
-    if device_name in runtime.available_platforms():
+    if device_name not in runtime.available_platforms():
+        log.info("tpu-inductor: no %s device here: StableHLO only, no executables", platform)
+        return None
+    if plan is None:
         return runtime.select_device(device_name)
-    log.info("tpu-inductor: no %s device here: StableHLO only, no executables", platform)
-    return None
+    try:
+        return runtime.mesh_device(device_name, plan.mesh.axes)
+    except DeviceError as e:
+        log.info("tpu-inductor: StableHLO only, no executables: %s", e)
+        return None
 
 
-def _compile_bucket(model, inputs, sizes, directory: Path, platform, device, x64, weights):
+def _compile_bucket(model, build: _Build, sizes, directory: Path, weights):
+    inputs, platform, device = build.inputs, build.platform, build.device
     from torch.export.graph_signature import InputKind, OutputKind
     from torch.utils._pytree import treespec_dumps
 
@@ -305,7 +333,9 @@ def _compile_bucket(model, inputs, sizes, directory: Path, platform, device, x64
             f"tpu-inductor: these ATen ops have no lowering for {platform}: {sorted(missing)}; "
             "an artifact cannot fall back to eager torch."
         )
-    lowered = stablehlo.lower(gm, flat, platform=platform, x64=x64)
+    lowered = stablehlo.lower(
+        gm, flat, platform=platform, x64=build.x64, shardings=_shardings(build, sizes, graph_inputs)
+    )
     directory.mkdir(parents=True, exist_ok=True)
     files = {
         "module.mlir": lowered.text.encode(),
@@ -325,6 +355,17 @@ def _compile_bucket(model, inputs, sizes, directory: Path, platform, device, x64
     return entry, treespec_dumps(program.call_spec.out_spec)
 
 
+def _shardings(build: _Build, sizes, graph_inputs) -> Shardings | None:
+    """The plan's partition specs for one bucket's module arguments (weights: replicated)."""
+    from .lowering import stablehlo
+
+    if build.plan is None:
+        return None
+    specs = build.plan.specs({s.name: s.concrete(sizes) for s in build.inputs})
+    arguments = tuple(specs[g["input"]] if "input" in g else () for g in graph_inputs)
+    return stablehlo.Shardings(build.plan.mesh.axes, arguments)
+
+
 def _portable(bytecode: bytes) -> bytes:
     """A StableHLO portable artifact (versioned bytecode; see openxla/stablehlo compatibility)."""
     from jax._src.lib import _jax
@@ -340,21 +381,25 @@ def _executable_tag(device: runtime.Device) -> dict[str, str]:
     """What a serialized executable depends on: it is loaded only where all of it matches."""
     import jaxlib
 
-    return {
+    tag = {
         "jaxlib": jaxlib.__version__,
         "pjrt_platform_version": device.client.platform_version,
         "device_kind": device.kind,
     }
+    if device.mesh:
+        tag["devices"] = str(len(device.mesh))
+    return tag
 
 
-def _write_manifest(out, inputs, buckets, entries, out_spec, platform, x64, command) -> None:
+def _write_manifest(out, build: _Build, buckets, entries, out_spec, command) -> None:
     import jax
 
     files = sorted(p for p in out.rglob("*") if p.is_file() and p.name != MANIFEST)
     manifest = {
         "format": FORMAT,
-        "platform": platform,
-        "x64": x64,
+        "platform": build.platform,
+        "x64": build.x64,
+        "mesh": [list(axis) for axis in build.plan.mesh.axes] if build.plan else None,
         "versions": {
             "tpu_inductor": __version__,
             "torch": torch.__version__,
@@ -362,7 +407,7 @@ def _write_manifest(out, inputs, buckets, entries, out_spec, platform, x64, comm
         },
         "inputs": [
             {"name": s.name, "dtype": serialize.dtype_name(s.dtype), "shape": list(s.shape)}
-            for s in inputs
+            for s in build.inputs
         ],
         "buckets": {k: list(v) for k, v in buckets.items()},
         "entries": entries,
@@ -577,6 +622,8 @@ def load(directory: str | Path, device: str = "auto") -> Artifact:
                 f"`{manifest.get('command') or 'tpu-inductor compile ...'}`."
             )
     here = runtime.select_device(device)
+    if here.lowering_platform == manifest["platform"] and manifest.get("mesh"):
+        here = _guarded(directory / MANIFEST, lambda: _mesh_here(here, manifest["mesh"]))
     if here.lowering_platform != manifest["platform"]:
         raise ArtifactError(
             f"tpu_inductor: {directory} was built for {manifest['platform']!r}, this process "
@@ -584,6 +631,15 @@ def load(directory: str | Path, device: str = "auto") -> Artifact:
             f"rebuild it with --platform {here.lowering_platform}."
         )
     return _guarded(directory / MANIFEST, lambda: Artifact(directory, manifest, here))
+
+
+def _mesh_here(device: runtime.Device, mesh: list) -> runtime.Device:
+    """The devices of `device`'s platform for an artifact's mesh ([[axis, size], ...])."""
+    axes = tuple((str(name), int(size)) for name, size in mesh)
+    try:
+        return runtime.mesh_device(device.platform, axes)
+    except DeviceError as e:
+        raise ArtifactError(f"{e} The artifact is split over that mesh.") from e
 
 
 def read_manifest(directory: Path) -> dict:
@@ -695,6 +751,16 @@ def add_subcommands(commands) -> None:
     comp.add_argument("--bucket", action="append", default=[], metavar="DIM=A,B,C")
     comp.add_argument("--platform", choices=sorted(_DEVICE_OF_PLATFORM))
     comp.add_argument("--x64", choices=("keep", "narrow"), default="keep")
+    comp.add_argument(
+        "--mesh", metavar="AXIS=N[,AXIS=N]", help="split the inputs over a device mesh"
+    )
+    comp.add_argument(
+        "--shard",
+        action="append",
+        default=[],
+        metavar="NAME:SPEC",
+        help="an input's mesh axis (or -) per dim; default: its first dim over the first axis",
+    )
     comp.add_argument("--out", required=True)
     comp.set_defaults(run=_cli_compile)
     run = commands.add_parser("run", help="run an artifact on inputs from an .npz file")
@@ -712,6 +778,12 @@ def _cli_compile(args) -> int:
         sys.path.insert(0, "")  # module:factory targets are found from the current directory
     inputs = [parse_input(text) for text in args.input]
     buckets = dict(parse_bucket(text) for text in args.bucket)
+    if args.shard and not args.mesh:
+        raise OptionError("tpu-inductor: --shard needs a --mesh to split over.")
+    plan = None
+    if args.mesh:
+        shards = tuple(sharding.parse_shard(text) for text in args.shard)
+        plan = sharding.Plan(sharding.parse_mesh(args.mesh), shards)
 
     def progress(done: int, total: int, label: str) -> None:
         bar = "#" * (20 * done // total) + "." * (20 - 20 * done // total)
@@ -729,6 +801,7 @@ def _cli_compile(args) -> int:
         buckets=buckets,
         platform=args.platform,
         x64=args.x64,
+        plan=plan,
         command=shlex.join(["tpu-inductor", *sys.argv[1:]]),
         progress=progress,
     )
@@ -758,7 +831,8 @@ def _cli_inspect(args) -> int:
     directory = Path(args.directory)
     manifest = read_manifest(directory)
     print(f"artifact:  {directory}  (format {manifest['format']})")
-    print(f"platform:  {manifest['platform']}   x64: {manifest['x64']}")
+    mesh = ",".join(f"{name}={size}" for name, size in manifest.get("mesh") or ())
+    print(f"platform:  {manifest['platform']}   x64: {manifest['x64']}   mesh: {mesh or 'none'}")
     print("versions:  " + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items()))
     for spec in manifest["inputs"]:
         print(f"input:     {spec['name']}: {spec['dtype']}{spec['shape']}")

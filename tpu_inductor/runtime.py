@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import os
 import weakref
 from collections.abc import Sequence
@@ -43,6 +44,10 @@ class Device:
     device: Any
     platform: str  # the client's platform: "cpu", "gpu", "tpu"
     process: int = dataclasses.field(default_factory=os.getpid)  # where the client was made
+    # A device mesh, for modules split over devices: its axes (name, size) and its devices in
+    # row-major order (`device` is the first). Empty: one device.
+    axes: tuple[tuple[str, int], ...] = ()
+    mesh: tuple[Any, ...] = ()
 
     def require_own_process(self) -> None:
         """PJRT clients do not survive a fork: their threads stay in the parent, and a compile
@@ -65,6 +70,9 @@ class Device:
         return getattr(self.device, "device_kind", self.platform)
 
     def __str__(self) -> str:
+        if self.mesh:
+            axes = ",".join(f"{name}={size}" for name, size in self.axes)
+            return f"{self.platform} mesh {axes} of {len(self.mesh)} devices ({self.kind})"
         return f"{self.platform}:{self.device.id} ({self.kind})"
 
 
@@ -99,6 +107,29 @@ def select_device(name: str = "auto") -> Device:
         client = _synchronous_cpu_client()
         return Device(client=client, device=client.local_devices()[0], platform=name)
     return Device(client=jeb.get_backend(name), device=platforms[name][0], platform=name)
+
+
+def mesh_device(name: str, axes: Sequence[tuple[str, int]]) -> Device:
+    """The first devices of platform `name` as a mesh of `axes` (name, size), for a module split
+    over them: jax's client, whose arrays jax splits into shards."""
+    import jax.extend.backend as jeb
+
+    count = math.prod(size for _, size in axes)
+    platforms = available_platforms()
+    found = platforms.get(name, [])
+    if len(found) < count:
+        hint = (
+            f" Run with XLA_FLAGS=--xla_force_host_platform_device_count={count} (set before "
+            "jax is imported) for that many CPU devices."
+            if name == "cpu"
+            else ""
+        )
+        raise DeviceError(
+            f"tpu_inductor: a mesh of {count} devices ({dict(axes)}) needs {count} {name} "
+            f"devices; {len(found)} here.{hint}"
+        )
+    mesh = tuple(found[:count])
+    return Device(jeb.get_backend(name), mesh[0], name, axes=tuple(axes), mesh=mesh)
 
 
 @functools.cache  # one client, whether the device was asked for as "auto" or "cpu"
@@ -188,10 +219,14 @@ def _placement(device: Device):
         for name, value in _XLA_OPTIONS.get(device.platform, {}).items()
         if name not in user_flags
     }
+    devices = device.mesh or (device.device,)
     options = compiler.get_compile_options(
-        num_replicas=1, num_partitions=1, env_options_overrides=overrides
+        num_replicas=1,
+        num_partitions=len(devices),
+        device_assignment=[[d.id for d in devices]] if device.mesh else None,
+        env_options_overrides=overrides,
     )
-    return xla_client.DeviceList((device.device,)), options
+    return xla_client.DeviceList(devices), options
 
 
 class _Transfer:
@@ -199,14 +234,15 @@ class _Transfer:
 
     CPU: zero-copy dlpack, through jaxlib's and torch's C entry points when present (about 5x
     less per-call overhead than the public `from_dlpack` wrappers, and no int64 narrowing).
-    Other devices: zero-copy to a host array, then one `device_put`.
+    Other devices, and a mesh: zero-copy to a host array, then one `device_put` (split into
+    shards over a mesh by the argument's sharding).
     """
 
     def __init__(self, device: Device):
         import jax
 
         self.device = device.device
-        self.on_cpu = device.platform == "cpu"
+        self.on_cpu = device.platform == "cpu" and not device.mesh
         self.host = self.device if self.on_cpu else jax.devices("cpu")[0]
         try:
             from jax._src.lib import _jax
@@ -217,8 +253,9 @@ class _Transfer:
         except (ImportError, AttributeError):  # a jaxlib without the C entry points
             self._import = None
 
-    def to_device(self, tensor: torch.Tensor):
-        """A jax array on the device holding `tensor`'s values (contiguous, aligned first)."""
+    def to_device(self, tensor: torch.Tensor, sharding=None):
+        """A jax array on the device holding `tensor`'s values (contiguous, aligned first); split
+        by `sharding` over a mesh."""
         tensor = tensor.detach()
         if tensor.is_conj() or tensor.is_neg():  # lazy bits dlpack would drop: apply them
             tensor = tensor.resolve_conj().resolve_neg()
@@ -236,7 +273,7 @@ class _Transfer:
             return array
         import jax
 
-        return jax.device_put(array, self.device)
+        return jax.device_put(array, sharding or self.device)
 
     def aliases(self, array, tensor: torch.Tensor) -> bool:
         """Whether a CPU `array` reads `tensor`'s memory (a zero-copy transfer), not a copy."""
@@ -292,18 +329,21 @@ class CompiledGraph:
             for index, slot in enumerate(lowered.outputs)
             if slot.view
         )
+        # Per module argument (the seed last), how it is split over a mesh; None: one device.
+        self._shardings = _argument_shardings(device, lowered)
 
     def __call__(self, args: list) -> list:
         if self._resident_positions:
             arrays = list(self._resident_arguments(args))
         else:
             arrays = list(self._resident.arguments)
-        to_device = self._transfer.to_device
+        to_device, shardings = self._transfer.to_device, self._shardings
         for slot, position, cast in self._per_call:
-            arrays[slot] = to_device(args[position] if cast is None else args[position].to(cast))
+            value = args[position] if cast is None else args[position].to(cast)
+            arrays[slot] = to_device(value, shardings[slot])
         if self.lowered.uses_rng:
             seed = torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32)
-            arrays.insert(0, to_device(seed))
+            arrays.insert(0, to_device(seed, shardings[-1]))
         results = self.executable.execute_sharded(arrays).disassemble_into_single_device_arrays()
         to_torch = self._transfer.to_torch
         outs = [
@@ -372,12 +412,34 @@ class CompiledGraph:
 
     def _send(self, index: int, tensor: torch.Tensor):
         """Resident parameter `index` (cast to the module's dtype if need be) on the device."""
-        cast = self._resident_inputs[index][2]
-        return self._transfer.to_device(tensor if cast is None else tensor.to(cast))
+        slot, _, cast = self._resident_inputs[index]
+        value = tensor if cast is None else tensor.to(cast)
+        return self._transfer.to_device(value, self._shardings[slot])
 
     def _forget_resident(self, state: _Resident) -> None:
         if self._resident is state:
             self._resident = _Resident.empty(len(state.arguments))
+
+
+def _argument_shardings(device: Device, lowered) -> tuple:
+    """Per module argument of `lowered` (its tensor arguments, then its seed), the jax sharding
+    that splits it over `device`'s mesh: all None for a module on one device."""
+    split = lowered.shardings
+    if split is None and not device.mesh:
+        return (None,) * (len(lowered.tensor_inputs) + 1)
+    if split is None or tuple(split.axes) != device.axes:
+        raise DeviceError(
+            f"tpu_inductor: a module for mesh {split and dict(split.axes)} cannot run on {device}"
+        )
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    grid = np.array(device.mesh, dtype=object).reshape([size for _, size in split.axes])
+    mesh = Mesh(grid, tuple(name for name, _ in split.axes))
+    return (
+        *(NamedSharding(mesh, PartitionSpec(*spec)) for spec in split.inputs),
+        NamedSharding(mesh, PartitionSpec()),  # the seed: on every device
+    )
 
 
 class _Resident:

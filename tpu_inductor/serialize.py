@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .lowering.stablehlo import LoweredModule, OutputSlot, TensorSpec
+from .lowering.stablehlo import LoweredModule, OutputSlot, Shardings, TensorSpec
 
 _SCALARS = (type(None), bool, int, float, str)
 
@@ -70,7 +70,28 @@ def lowered_to_json(lowered: LoweredModule) -> dict[str, Any]:
         "mutations": [list(m) for m in lowered.mutations],
         "uses_rng": lowered.uses_rng,
         "x64": lowered.x64,
+        "shardings": _shardings_to_json(lowered.shardings),
     }
+
+
+def _shardings_to_json(shardings: Shardings | None) -> dict[str, Any] | None:
+    if shardings is None:
+        return None
+    return {
+        "mesh": [[name, size] for name, size in shardings.axes],
+        "inputs": [list(spec) for spec in shardings.inputs],
+    }
+
+
+def _shardings_from_json(data: Any) -> Shardings | None:
+    if data is None:
+        return None
+    axes = tuple((str(name), _int(size)) for name, size in data["mesh"])
+    names = {name for name, _ in axes}
+    inputs = tuple(tuple(spec) for spec in data["inputs"])
+    if any(axis is not None and axis not in names for spec in inputs for axis in spec):
+        raise ValueError(f"bad shardings {data!r}: an input is split over an axis not in the mesh")
+    return Shardings(axes, inputs)
 
 
 def lowered_from_json(data: dict[str, Any], bytecode: bytes, text: str) -> LoweredModule:
@@ -104,6 +125,7 @@ def lowered_from_json(data: dict[str, Any], bytecode: bytes, text: str) -> Lower
         mutations=tuple((_int(p), _int(r)) for p, r in data["mutations"]),
         uses_rng=data["uses_rng"],
         x64=data["x64"],
+        shardings=_shardings_from_json(data.get("shardings")),
     )
 
 
