@@ -687,9 +687,9 @@ def _count_transfers(monkeypatch) -> list[tuple[int, ...]]:
     sent: list[tuple[int, ...]] = []
     to_device = runtime._Transfer.to_device
 
-    def counting(self, tensor):
+    def counting(self, tensor, sharding=None):
         sent.append(tuple(tensor.shape))
-        return to_device(self, tensor)
+        return to_device(self, tensor, sharding)
 
     monkeypatch.setattr(runtime._Transfer, "to_device", counting)
     return sent
