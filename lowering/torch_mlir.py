@@ -63,6 +63,19 @@ def lower(
 ) -> LoweredModule:
     """Lower `gm` for `inputs` (tensors or fake tensors, and concrete ints) via torch-mlir."""
     fx = require()
+    seeded = sorted(
+        {
+            str(node.target)
+            for node in gm.graph.nodes
+            if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+        }
+    )
+    if seeded:  # torch-mlir draws from XLA's own generator, the same stream in every process
+        raise LoweringError(
+            f"torch-mlir's random numbers ignore torch's generator (torch.manual_seed, the "
+            f"same stream in every process): {seeded}. Lower graphs with random ops with our "
+            "rules (the default lowering)."
+        )
     if specialize.is_symbolic(gm):
         gm = specialize.with_concrete_sizes(gm, inputs)
     tensor_inputs, specs = tensor_input_specs(inputs)

@@ -83,6 +83,18 @@ def test_torch_mlir_lowering_is_used_and_matches_eager():
 
 
 @needs_torch_mlir
+def test_torch_mlir_refuses_random_ops_it_would_not_seed_from_torch():
+    """Its random ops draw XLA's stream, the same in every process whatever torch.manual_seed
+    says: refused by name (seeded runs were not repeatable, and different seeds drew alike)."""
+
+    def f(x):
+        return torch.rand_like(x) + torch.nn.functional.dropout(x, 0.5)
+
+    with pytest.raises(Exception, match=r"ignore torch's generator.*aten.rand"):
+        _compile(f, lowering="torch-mlir")(torch.ones(4))
+
+
+@needs_torch_mlir
 def test_torch_mlir_training_step_drops_none_gradients():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Embedding(16, 8), nn.LayerNorm(8), nn.Linear(8, 4))
