@@ -85,6 +85,25 @@ def test_uniform_never_reaches_its_upper_bound(dtype):
         assert unit.max() >= 1 - torch.finfo(dtype).eps
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_uniform_never_goes_below_its_lower_bound(dtype):
+    """bfloat16's 0.1 is 0.10009765625: a draw rounded down into the dtype must not fall under
+    `low` (0.2% of bfloat16 draws did)."""
+    fn = lambda x: x.uniform_(0.1, 0.2)  # noqa: E731
+    compiled = torch.compile(fn, backend="tpu_inductor", options={"fallback": "error"})
+    drawn = compiled(torch.zeros(200_000, dtype=dtype))
+    assert drawn.double().min() >= 0.1 and drawn.double().max() < 0.2
+
+
+def test_rand_of_a_complex_dtype_draws_both_parts_in_the_unit_interval():
+    x = torch.zeros(20_000, dtype=torch.complex64)
+    drawn = compile_aten(lambda x: (torch.rand_like(x), torch.rand(3, dtype=x.dtype)), (x,))(x)
+    assert [d.dtype for d in drawn] == [torch.complex64] * 2
+    for part in (drawn[0].real, drawn[0].imag):
+        assert 0 <= part.min() and part.max() < 1 and abs(part.mean() - 0.5) < 0.02
+    assert abs(torch.corrcoef(torch.stack([drawn[0].real, drawn[0].imag]))[0, 1]) < 0.05
+
+
 def test_dropout_keeps_what_it_scales():
     x = torch.randn(1000)
     out, mask = compile_aten(lambda x: torch.ops.aten.native_dropout(x, 0.4, True), (x,))(x)

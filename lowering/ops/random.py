@@ -30,12 +30,21 @@ def rand(ctx, *_args, **_kw):
 
 def _uniform(ctx, low, high):
     """Samples in [low, high) of the node's dtype: drawn in the accumulation dtype and rounded
-    down into it (to nearest, a 16-bit draw just below `high` would become `high`)."""
+    down into it (to nearest, a 16-bit draw just below `high` would become `high`), and not
+    below the first value of the dtype at or above `low` (bfloat16's 0.1 is above 0.1, so a draw
+    rounded down could fall under it). Complex: real and imaginary parts each so drawn."""
     dtype = ctx.out_dtype
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        part = jnp.finfo(dtype).dtype
+        both = jax.random.uniform(ctx.rng_key(), (*ctx.out_shape, 2), part, minval=low, maxval=high)
+        return lax.complex(both[..., 0], both[..., 1])
     wide = _standard(ctx, lambda k, s, d: jax.random.uniform(k, s, d, minval=low, maxval=high))
     narrow = wide.astype(dtype)
     below = jnp.nextafter(narrow, jnp.asarray(-jnp.inf, dtype))
-    return jnp.where(narrow.astype(wide.dtype) > wide, below, narrow)
+    narrow = jnp.where(narrow.astype(wide.dtype) > wide, below, narrow)
+    lowest = jnp.asarray(low, dtype)
+    lowest = jnp.where(lowest.astype(wide.dtype) < low, jnp.nextafter(lowest, high), lowest)
+    return jnp.maximum(narrow, lowest.astype(dtype))
 
 
 @register_lowering(aten.randn.default, aten.randn_like.default, needs_ctx=True, uses_rng=True)
