@@ -101,10 +101,43 @@ def test_as_strided_scatter():
     scatter = lambda x, s: torch.as_strided_scatter(x, s, (3, 2), (1, 3), 1)  # noqa: E731
     check_against_eager(scatter, x, src, options=STRICT)
     check_against_eager(lambda x, s: scatter(x, s)[..., None], x, src, options=STRICT)
-    # Strides index torch's storage, not our row-major value. (Another size: the compile cache
-    # keys inputs by shape and dtype, not strides.)
-    with pytest.raises(LoweringError, match="non-contiguous"):
-        check_against_eager(scatter, torch.randn(4, 4).t(), src, options=STRICT)
+    # Strides index torch's storage, not our row-major value: a transposed input's storage
+    # is its values in the other order.
+    check_against_eager(scatter, torch.randn(4, 3).t(), src, options=STRICT)
+
+
+@pytest.mark.parametrize(
+    "make, view",
+    [
+        (lambda: torch.randn(4, 3).t(), ((3, 4), (1, 3), None)),  # Longformer's _chunk
+        (lambda: torch.randn(5, 4), ((2, 3), (3, 1), 6)),
+        (lambda: torch.randn(2, 3, 4, 4).to(memory_format=torch.channels_last), ((6, 8), (8, 1))),
+        (lambda: torch.randn(3, 1, 4).transpose(0, 2), ((2, 6), (6, 1), 0)),
+    ],
+)
+def test_as_strided_reads_the_storage_of_inputs_of_any_dense_layout(make, view):
+    x = make()
+    fn = lambda x: x.as_strided(*view) * 2  # noqa: E731
+    compiled = torch.compile(fn, backend="tpu_inductor", options=STRICT, dynamic=False)
+    assert_same(compiled(x), fn(x))
+
+
+def test_as_strided_outside_what_it_can_read_runs_in_eager():
+    """A slice's storage before or after it, a strided (non-dense) argument: the values are not
+    in the argument we hold, so the op runs in eager torch."""
+    views = [
+        (torch.randn(5, 4)[1:], ((3, 4), (4, 1))),
+        (torch.randn(5, 4)[1:], ((2, 2), (1, 1), 0)),
+        (torch.randn(4, 6)[:, ::2], ((2, 2), (1, 2), 0)),
+        (torch.randn(2, 3), ((2, 3), (3, 1), 1)),  # reads past the end
+    ]
+    for x, view in views[:3]:
+        fn = lambda x, view=view: x.as_strided(*view) + 1  # noqa: E731
+        assert_same(torch.compile(fn, backend="tpu_inductor", dynamic=False)(x), fn(x))
+    for x, view in views:
+        fn = lambda x, view=view: x.as_strided(*view) + 1  # noqa: E731
+        with pytest.raises(Exception, match="as_strided"):
+            torch.compile(fn, backend="tpu_inductor", options=STRICT, dynamic=False)(x)
 
 
 def test_mutating_one_of_two_aliased_inputs():

@@ -299,15 +299,43 @@ def triu(x, diagonal=0):
     return jnp.triu(x, diagonal)
 
 
-def _strided_index(ctx, size, stride, storage_offset):
-    """The flat positions a strided view of the node's first argument reads (shaped `size`).
+def _reads_its_storage(node, at: int = 1) -> bool:
+    """Whether a strided view (size, stride, offset from argument `at` on) reads only storage
+    that its first argument covers, from offset 0, in a dense, non-overlapping layout of any dim
+    order (its storage is then its values, reordered). With symbolic sizes, only a contiguous
+    argument from offset 0 (where the view's bounds are torch's to check)."""
+    base, size, stride = node.args[0].meta["val"], node.args[at], node.args[at + 1]
+    offset = node.args[at + 2] if len(node.args) > at + 2 else node.kwargs.get("storage_offset")
+    offset = 0 if offset is None else offset
+    layout = [*base.shape, *base.stride(), base.storage_offset()]
+    if not all(type(v) is int for v in [*size, *stride, offset, *layout]):
+        return bool(base.is_contiguous() and base.storage_offset() == 0)
+    if base.storage_offset() != 0 or not _dense(base):
+        return False
+    last = offset + sum((n - 1) * s for n, s in zip(size, stride))
+    return 0 in size or last < base.numel()
 
-    Exact only when torch's argument is contiguous from offset 0: its storage is then our
-    row-major value.
-    """
-    base = ctx.node.args[0].meta.get("val")
-    if base is None or not base.is_contiguous() or base.storage_offset() != 0:
-        raise NotImplementedError(f"{ctx.node.target} of a non-contiguous or offset tensor")
+
+def _dense(tensor) -> bool:
+    """Whether `tensor`'s elements fill its storage span once each: its strides are contiguous
+    strides in some dim order."""
+    expected = 1
+    for d in sorted((d for d in range(tensor.dim()) if tensor.shape[d] != 1), key=tensor.stride):
+        if tensor.stride(d) != expected:
+            return False
+        expected *= tensor.shape[d]
+    return True
+
+
+def _storage(ctx, x):
+    """(x's storage as a flat array, the dim order that lays x out in it)."""
+    base = ctx.node.args[0].meta["val"]
+    order = sorted(range(base.dim()), key=lambda d: -int(base.stride(d)))  # outermost first
+    return jnp.transpose(x, order).reshape(-1), order
+
+
+def _strided_index(size, stride, storage_offset):
+    """The positions in `_storage` that a strided view reads, shaped `size`."""
     index = jnp.asarray(int(storage_offset or 0), jnp.int64)
     for axis, (n, s) in enumerate(zip(size, stride)):
         shape = [1] * len(size)
@@ -316,15 +344,27 @@ def _strided_index(ctx, size, stride, storage_offset):
     return index
 
 
-@register_lowering(aten.as_strided.default, aten.as_strided_copy.default, needs_ctx=True)
+@register_lowering(
+    aten.as_strided.default,
+    aten.as_strided_copy.default,
+    needs_ctx=True,
+    supports=_reads_its_storage,
+)
 def as_strided(ctx, x, size, stride, storage_offset=None):
-    return x.reshape(-1)[_strided_index(ctx, size, stride, storage_offset)]
+    storage, _ = _storage(ctx, x)
+    return storage[_strided_index(size, stride, storage_offset)]
 
 
-@register_lowering(aten.as_strided_scatter.default, needs_ctx=True)
+@register_lowering(
+    aten.as_strided_scatter.default,
+    needs_ctx=True,
+    supports=lambda node: _reads_its_storage(node, at=2),
+)
 def as_strided_scatter(ctx, x, src, size, stride, storage_offset=None):
-    index = _strided_index(ctx, size, stride, storage_offset)
-    return x.reshape(-1).at[index].set(src.astype(x.dtype)).reshape(x.shape)
+    storage, order = _storage(ctx, x)
+    written = storage.at[_strided_index(size, stride, storage_offset)].set(src.astype(x.dtype))
+    laid_out = written.reshape([x.shape[d] for d in order])
+    return jnp.transpose(laid_out, [order.index(d) for d in range(x.ndim)])
 
 
 @register_lowering(aten.view_as_real.default, aten.view_as_real_copy.default)
