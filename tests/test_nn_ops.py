@@ -588,3 +588,28 @@ def test_max_pool_indices_follow_the_64_bit_policy(x64):
     # narrowed to int32 inside the graph, the indices come back as torch int64, same values
     fn = lambda x: aten.max_pool2d_with_indices(x, [3, 3], [2, 2], [1, 1])  # noqa: E731
     check_against_eager(fn, _rand(2, 3, 8, 8), options={**STRICT, "x64": x64})
+
+
+def test_average_pooling_is_one_windowed_sum_whatever_the_kernel():
+    """EfficientNet pools with AvgPool2d(1280, ceil_mode=True): a sum of one slice per kernel
+    element was 100k ops (minutes of XLA compile at 320); it is one reduce_window."""
+    import functools
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from tpu_inductor.lowering import stablehlo
+
+    x = torch.randn(2, 3, 5, 4)
+    pool = torch.nn.functional.avg_pool2d
+    for count_include_pad in (True, False):
+        fn = functools.partial(
+            pool, kernel_size=64, ceil_mode=True, count_include_pad=count_include_pad
+        )
+        check_against_eager(fn, x)
+        text = stablehlo.lower(make_fx(fn)(x), [x]).text
+        assert text.count("reduce_window") == 1 and text.count("stablehlo.slice") <= 1, text
+    check_against_eager(
+        functools.partial(
+            pool, kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False
+        ),
+        x,
+    )

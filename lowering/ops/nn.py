@@ -278,6 +278,19 @@ def _pool_args(kernel, stride, padding, dilation):
     return kernel, stride, _ntuple(padding, 2), _ntuple(dilation, 2)
 
 
+def _window_positions(x, kernel, stride, padding, dilation, ceil_mode):
+    """Per pooled dim: the (kernel, out) coordinates each window reads (negative or past the
+    end: padding), the (low, high) zero padding that covers them, each window's first one."""
+    positions, pads, starts = [], [], []
+    for size, k, s, p, d in zip(x.shape[-2:], kernel, stride, padding, dilation, strict=True):
+        out = _pool_size(size, k, s, p, d, ceil_mode)
+        start = np.arange(out) * s - p
+        positions.append(start[None, :] + np.arange(k)[:, None] * d)  # (k, out)
+        pads.append((p, max(0, int(positions[-1].max()) + 1 - size)))
+        starts.append(start)
+    return positions, pads, starts
+
+
 def _windows(x, kernel, stride, padding, dilation, ceil_mode):
     """A 2-d pooling's windows over the last two axes of x, one window element at a time.
 
@@ -286,13 +299,7 @@ def _windows(x, kernel, stride, padding, dilation, ceil_mode):
     (OH, OW)) marks elements inside x; flat[k] is their index into the H*W plane; starts per
     dim holds each window's first (possibly padded) coordinate.
     """
-    positions, pads, starts = [], [], []
-    for size, k, s, p, d in zip(x.shape[-2:], kernel, stride, padding, dilation, strict=True):
-        out = _pool_size(size, k, s, p, d, ceil_mode)
-        start = np.arange(out) * s - p
-        positions.append(start[None, :] + np.arange(k)[:, None] * d)  # (k, out)
-        pads.append((p, max(0, int(positions[-1].max()) + 1 - size)))
-        starts.append(start)
+    positions, pads, starts = _window_positions(x, kernel, stride, padding, dilation, ceil_mode)
     lead = x.ndim - 2
     xp = jnp.pad(x, [(0, 0)] * lead + pads)
     (hs, ws), (height, width) = positions, x.shape[-2:]
@@ -350,9 +357,16 @@ def max_pool2d_with_indices_backward(
 
 
 def _avg_pool(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    """One windowed sum (reduce_window: one op whatever the kernel size, where a sum of one
+    slice per kernel element took minutes to compile for a 320x320 kernel), then torch's
+    divisor per window."""
     kernel, stride, padding, dilation = _pool_args(kernel, stride, padding, 1)
-    patches, valid, _, starts = _windows(x, kernel, stride, padding, dilation, ceil_mode)
-    total = sum(_f32(p) for p in patches)
+    positions, pads, starts = _window_positions(x, kernel, stride, padding, dilation, ceil_mode)
+    lead = x.ndim - 2
+    padded = jnp.pad(_f32(x), [(0, 0)] * lead + pads)
+    ones = (1,) * lead
+    total = lax.reduce_window(padded, 0.0, lax.add, ones + kernel, ones + stride, "VALID")
+    total = total[..., : positions[0].shape[1], : positions[1].shape[1]]
     if divisor_override:
         divisor = np.asarray(divisor_override)
     elif count_include_pad:
@@ -361,8 +375,11 @@ def _avg_pool(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_
             for start, k, size, p in zip(starts, kernel, x.shape[-2:], padding)
         ]
         divisor = sizes[0][:, None] * sizes[1][None, :]
-    else:
-        divisor = np.sum(np.stack(valid), axis=0)
+    else:  # the window's cells inside x: per dim, then their product
+        inside = [
+            ((pos >= 0) & (pos < size)).sum(axis=0) for pos, size in zip(positions, x.shape[-2:])
+        ]
+        divisor = inside[0][:, None] * inside[1][None, :]
     return (total / jnp.asarray(divisor, total.dtype)).astype(x.dtype)
 
 
