@@ -613,3 +613,18 @@ def test_average_pooling_is_one_windowed_sum_whatever_the_kernel():
         ),
         x,
     )
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_weight_norm_trains_compiled(dim):
+    """Wav2Vec2's positional conv: torch decomposes weight norm's forward, not its backward
+    (aten._weight_norm_interface_backward), which ran in eager torch."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv1d(4, 6, 3)
+    conv = torch.nn.utils.parametrizations.weight_norm(conv, dim=dim)
+    x = torch.randn(2, 4, 9)
+    options = {"cache": False, "fallback": "error"}
+    compiled = torch.compile(conv, backend="tpu_inductor", options=options)
+    got = grads_of(conv, compiled(x).square().sum())
+    want = grads_of(conv, conv(x).square().sum())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -564,3 +564,16 @@ def multilabel_margin_loss_backward(grad, x, target, reduction, is_target):
     forward = lambda x_: _multilabel_margin(x_, target, reduction)[0]  # noqa: E731
     loss, vjp = jax.vjp(forward, x)
     return vjp(grad.reshape(loss.shape).astype(loss.dtype))[0]
+
+
+@register_lowering(aten._weight_norm_interface_backward.default)
+def weight_norm_interface_backward(grad_w, v, g, norms, dim):
+    """Gradients of w = v * g / ||v|| (the norm over every dim but `dim`; -1: over all), as the
+    vjp of that forward in the accumulation dtype. (The forward is decomposed by torch.)"""
+    axes = tuple(i for i in range(v.ndim) if i != dim)
+
+    def forward(v_, g_):
+        return v_ * (g_ / jnp.sqrt(jnp.sum(v_ * v_, axis=axes, keepdims=True)))
+
+    grad_v, grad_g = jax.vjp(forward, _f32(v), _f32(g))[1](_f32(grad_w))
+    return grad_v.astype(v.dtype), grad_g.astype(g.dtype)
