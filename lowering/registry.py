@@ -5,7 +5,10 @@
 
 An OpOverloadPacket (`aten.add`) expands to all its overloads. Registering an overload twice
 for the same platform is an error (import order must never decide which rule wins). A rule
-registered with `platform="tpu"` overrides the portable rule on that platform only.
+registered with `platform="tpu"` overrides the portable rule on that platform only. An op that
+exists only once some other module defines it (Inductor's `prims.fma`, made when Inductor's
+prims are imported, which Dynamo does for the graphs that use it) is registered by its name,
+"prims.fma.default", and found by name.
 """
 
 from __future__ import annotations
@@ -40,19 +43,19 @@ class Rule:
     """One registered lowering: `fn(*args, **kwargs)`, or `fn(ctx, *args, **kwargs)`."""
 
     fn: Callable
-    op: OpOverload
+    op: OpOverload | str  # a name: an op not defined at import time
     platform: str | None
     needs_ctx: bool
     uses_rng: bool
     supports: Callable[[torch.fx.Node], bool] | None = None  # None: every node of the op
 
 
-_RULES: dict[OpOverload, dict[str | None, Rule]] = {}
+_RULES: dict[OpOverload | str, dict[str | None, Rule]] = {}
 _loaded = False
 
 
-def _overloads(op) -> Iterable[OpOverload]:
-    if isinstance(op, OpOverload):
+def _overloads(op) -> Iterable[OpOverload | str]:
+    if isinstance(op, (OpOverload, str)):
         return (op,)
     if isinstance(op, OpOverloadPacket):
         return tuple(getattr(op, name) for name in op.overloads())
@@ -101,14 +104,14 @@ def load_rules() -> None:
 def lookup(op, platform: str | None = None) -> Rule | None:
     """The rule for `op` on `platform` (a platform override first, else the portable rule)."""
     load_rules()
-    by_platform = _RULES.get(op)
+    by_platform = _RULES.get(op) or _RULES.get(str(op))
     if not by_platform:
         return None
     return by_platform.get(platform) or by_platform.get(None)
 
 
-def registered_ops() -> list[OpOverload]:
-    """Every ATen overload with at least one rule."""
+def registered_ops() -> list[OpOverload | str]:
+    """Every ATen overload with at least one rule (by name, those defined by other modules)."""
     load_rules()
     return sorted(_RULES, key=str)
 

@@ -178,6 +178,30 @@ def test_gpt_adamw_training_loop():
     assert expected[-1] < 0.9 * expected[0]  # the loop does train (one batch, overfit)
 
 
+@pytest.mark.parametrize("optimizer", ["adam", "adamw_tensor_lr"])
+def test_compiled_adam_steps_lower_inductors_fma(optimizer):
+    """Dynamo traces Adam's addcmul_ as Inductor's prims.fma (an op that exists once Inductor's
+    prims are imported): lowered by name, the step has no eager region."""
+    torch.manual_seed(0)
+    model, reference = _mlp(), _mlp()
+    reference.load_state_dict(model.state_dict())
+    if optimizer == "adam":
+        make = lambda params: torch.optim.Adam(params, lr=1e-2)  # noqa: E731
+    else:
+        make = lambda params: torch.optim.AdamW(params, lr=torch.tensor(1e-2))  # noqa: E731
+    opt, reference_opt = make(model.parameters()), make(reference.parameters())
+    step = torch.compile(opt.step, backend="tpu_inductor", options={"fallback": "error"})
+    x = torch.randn(8, 16)
+    for _ in range(3):
+        for m in (model, reference):
+            m.zero_grad()
+            m(x).square().mean().backward()
+        step()
+        reference_opt.step()
+    for got, want in zip(model.parameters(), reference.parameters()):
+        assert_same(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_whole_training_step_compiles_without_eager_fallback():
     """Optimizer step, gradient clipping and a Python-float loss weight inside the compiled
     function: the ops they bring (foreach norm and mul, true_divide, float64→float32 conversion

@@ -125,6 +125,11 @@ elementwise(aten.__lshift__.Scalar, aten.__lshift__.Tensor)(jnp.left_shift)
 elementwise(aten.__rshift__.Scalar, aten.__rshift__.Tensor)(jnp.right_shift)
 
 
+@elementwise("prims.fma.default")  # Inductor's prim (Dynamo's addcmul_ in optimizer steps)
+def fma(a, b, c):
+    return a * b + c
+
+
 @elementwise(aten.add)
 def add(a, b, *, alpha=1):
     return a + _scaled(b, alpha)
