@@ -97,11 +97,11 @@ def test_matrix_product(name, dtype):
 
 
 def test_as_strided_scatter():
-    x, src = torch.randn(3, 4), torch.randn(3, 2)
-    scatter = lambda x, s: torch.as_strided_scatter(x, s, (3, 2), (1, 3), 1)  # noqa: E731
-    check_against_eager(scatter, x, src, options=STRICT)
-    check_against_eager(lambda x, s: scatter(x, s)[..., None], x, src, options=STRICT)
-    # Strides index torch's storage, not our row-major value: a transposed input's storage
+    src = torch.randn(3, 2)
+    scatter = lambda x, s: torch.as_strided_scatter(x * 1, s, (3, 2), (1, 3), 1)  # noqa: E731
+    check_against_eager(scatter, torch.randn(3, 4), src, options=STRICT)
+    check_against_eager(lambda x, s: scatter(x, s)[..., None], torch.randn(3, 4), src)
+    # Strides index torch's storage, not our row-major value: a transposed result's storage
     # is its values in the other order.
     check_against_eager(scatter, torch.randn(4, 3).t(), src, options=STRICT)
 
@@ -109,35 +109,65 @@ def test_as_strided_scatter():
 @pytest.mark.parametrize(
     "make, view",
     [
-        (lambda: torch.randn(4, 3).t(), ((3, 4), (1, 3), None)),  # Longformer's _chunk
-        (lambda: torch.randn(5, 4), ((2, 3), (3, 1), 6)),
+        (lambda: torch.randn(4, 3).t(), ((3, 4), (1, 3))),  # Longformer's _chunk
         (lambda: torch.randn(2, 3, 4, 4).to(memory_format=torch.channels_last), ((6, 8), (8, 1))),
-        (lambda: torch.randn(3, 1, 4).transpose(0, 2), ((2, 6), (6, 1), 0)),
+        (lambda: torch.randn(3, 1, 4).transpose(0, 2), ((2, 6), (6, 1))),
     ],
 )
-def test_as_strided_reads_the_storage_of_inputs_of_any_dense_layout(make, view):
+def test_as_strided_reads_the_storage_of_tensors_of_any_dense_layout(make, view):
+    """Of an input (at its own offset) and of a result (at an explicit one: a result's storage
+    is the graph's, so its offsets are known when it is compiled)."""
     x = make()
-    fn = lambda x: x.as_strided(*view) * 2  # noqa: E731
-    compiled = torch.compile(fn, backend="tpu_inductor", options=STRICT, dynamic=False)
-    assert_same(compiled(x), fn(x))
+    for fn in (
+        lambda x: x.as_strided(*view) * 2,
+        lambda x: (x * 2).as_strided(*view, 0) + 1,
+    ):
+        compiled = torch.compile(fn, backend="tpu_inductor", options=STRICT, dynamic=False)
+        assert_same(compiled(x), fn(x))
 
 
 def test_as_strided_outside_what_it_can_read_runs_in_eager():
-    """A slice's storage before or after it, a strided (non-dense) argument: the values are not
-    in the argument we hold, so the op runs in eager torch."""
-    views = [
-        (torch.randn(5, 4)[1:], ((3, 4), (4, 1))),
-        (torch.randn(5, 4)[1:], ((2, 2), (1, 1), 0)),
-        (torch.randn(4, 6)[:, ::2], ((2, 2), (1, 2), 0)),
-        (torch.randn(2, 3), ((2, 3), (3, 1), 1)),  # reads past the end
+    """A slice's storage before or after it, a strided (non-dense) argument, an input read at
+    an absolute offset: the values are not in the argument we hold, or depend on where the
+    input lies in its storage, so the op runs in eager torch, with what it reads computed there
+    (a compiled region would return a contiguous copy)."""
+    base = torch.arange(24.0).reshape(2, 12)
+    calls = [
+        (lambda x: x.as_strided((3, 4), (4, 1)) + 1, torch.randn(5, 4)[1:]),
+        (lambda x: x.as_strided((2, 2), (1, 1), 0) + 1, torch.randn(5, 4)[1:]),
+        (lambda x: x.as_strided((2, 2), (1, 2), 0) + 1, torch.randn(4, 6)[:, ::2]),
+        (lambda x: (x * 2)[1:].as_strided((2,), (1,), 3) + 1, torch.arange(8.0).reshape(2, 4)),
+        (
+            lambda x: (x * 2)[0:1].expand(3, 4).as_strided((2, 4), (4, 1)),
+            torch.arange(8.0).view(2, 4),
+        ),
+        (lambda x: torch.as_strided_scatter(x, -x[:2], (2,), (1,), 1), base[0]),
     ]
-    for x, view in views[:3]:
-        fn = lambda x, view=view: x.as_strided(*view) + 1  # noqa: E731
-        assert_same(torch.compile(fn, backend="tpu_inductor", dynamic=False)(x), fn(x))
-    for x, view in views:
-        fn = lambda x, view=view: x.as_strided(*view) + 1  # noqa: E731
+    for fn, x in calls:
+        compiled = torch.compile(fn, backend="tpu_inductor", dynamic=False)
+        assert_same(compiled(x), fn(x))
         with pytest.raises(Exception, match="as_strided"):
             torch.compile(fn, backend="tpu_inductor", options=STRICT, dynamic=False)(x)
+    # Symbolic sizes: as_strided of a transposed result runs in eager, on that result's eager
+    # layout (a compiled region would hand it a contiguous copy).
+    flat = lambda x: (x * 2).t().as_strided((x.numel(),), (1,)) + 1  # noqa: E731
+    compiled = torch.compile(flat, backend="tpu_inductor")
+    for shape in ((2, 4), (3, 5), (4, 6)):
+        x = torch.arange(float(shape[0] * shape[1])).reshape(shape)
+        assert_same(compiled(x), flat(x))
+    # The same graph, called with an input at another offset of the same storage.
+    read = lambda x: x.as_strided((2, 2), (4, 1), 0) * 1  # noqa: E731
+    compiled = torch.compile(read, backend="tpu_inductor")
+    for x in (base[0], base[1]):
+        assert_same(compiled(x), read(x))
+
+
+def test_as_strided_past_its_arguments_storage_is_an_error_with_symbolic_sizes():
+    """jax would clamp the reads past the end; eager torch raises (or reads a larger base)."""
+    fn = lambda x: (x * 1).as_strided((x.shape[0] + 2,), (1,))  # noqa: E731
+    compiled = torch.compile(fn, backend="tpu_inductor", dynamic=True)
+    with pytest.raises(Exception, match=r"reads position 9 of a storage of 8 elements"):
+        compiled(torch.arange(8.0))
 
 
 def test_mutating_one_of_two_aliased_inputs():
@@ -151,7 +181,7 @@ def test_mutating_one_of_two_aliased_inputs():
     expected_base, base = torch.randn(4, 5), torch.zeros(4, 5)
     base.copy_(expected_base)
     expected = fn(expected_base, expected_base[1])
-    compiled = torch.compile(fn, backend="tpu_inductor", options=STRICT)
+    compiled = torch.compile(fn, backend="tpu_inductor")  # the write-back runs in eager
     assert_same(compiled(base, base[1]), expected)
     assert_same(base, expected_base)
 

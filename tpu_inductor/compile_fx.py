@@ -140,8 +140,10 @@ def _compile_partitioned(gm, options: Options, device, name: str) -> torch.fx.Gr
 
 def _eager_nodes(gm: torch.fx.GraphModule, platform: str) -> set[torch.fx.Node]:
     """The call nodes of a split graph that run in eager torch: those without a rule; a write
-    into an input (it stays in graph order: eager ops read the input before it); and views of
-    results computed in eager (a compiled region would return a copy, not a view of them)."""
+    into an input (it stays in graph order: eager ops read the input before it); views of
+    results computed in eager (a compiled region would return a copy, not a view of them); and
+    the producers of what an eager `as_strided` reads, back to a result laid out contiguously
+    from offset 0 (a compiled region returns that layout; as_strided reads the strides)."""
     import operator
 
     from torch._ops import OpOverload
@@ -149,18 +151,45 @@ def _eager_nodes(gm: torch.fx.GraphModule, platform: str) -> set[torch.fx.Node]:
     from .lowering import registry
 
     eager: set[torch.fx.Node] = set()
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        of_eager = bool(node.args) and node.args[0] in eager
-        if (
-            not registry.supported(node, platform)
-            or (node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder")
-            or (of_eager and node.target is operator.getitem)
-            or (of_eager and isinstance(node.target, OpOverload) and node.target.is_view)
-        ):
-            eager.add(node)
-    return eager
+    while True:
+        found = len(eager)
+        for node in gm.graph.nodes:
+            if node.op != "call_function":
+                continue
+            of_eager = bool(node.args) and node.args[0] in eager
+            if (
+                not registry.supported(node, platform)
+                or (node.target is aten.copy_.default and node.args[0].op == "placeholder")
+                or (of_eager and node.target is operator.getitem)
+                or (of_eager and isinstance(node.target, OpOverload) and node.target.is_view)
+            ):
+                eager.add(node)
+        reading = [node for node in eager if node.target in _READS_STORAGE]
+        while reading:
+            source = reading.pop().args[0]
+            if source.op == "call_function" and source not in eager and not _plain(source):
+                eager.add(source)
+                reading.append(source)  # its layout, in eager, follows its argument's
+        if len(eager) == found:
+            return eager
+
+
+aten = torch.ops.aten
+_READS_STORAGE = frozenset(
+    {aten.as_strided.default, aten.as_strided_copy.default, aten.as_strided_scatter.default}
+)
+
+
+def _plain(node: torch.fx.Node) -> bool:
+    """Whether a node's result is a storage of its own, laid out contiguously from offset 0, as
+    compiled results are (a view's storage is its base's: as_strided may read beyond it)."""
+    value = node.meta.get("val")
+    if isinstance(node.target, torch._ops.OpOverload) and node.target.is_view:
+        return False
+    try:
+        return bool(value.is_contiguous() and value.storage_offset() == 0)
+    except Exception:  # not a tensor, or a layout no guard can decide
+        return False
 
 
 def _lower_rest_with_torch_mlir(fused, options: Options, device, name: str):

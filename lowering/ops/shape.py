@@ -10,6 +10,7 @@ import torch._prims  # noqa: F401  (defines the prims ops registered below)
 from jax import lax
 from torch._ops import ops
 
+from ...exc import LoweringError
 from ..registry import register_lowering
 from .common import cast, dim
 
@@ -303,9 +304,13 @@ def _reads_its_storage(node, at: int = 1) -> bool:
     """Whether a strided view (size, stride, offset from argument `at` on) reads only storage
     that its first argument covers, from offset 0, in a dense, non-overlapping layout of any dim
     order (its storage is then its values, reordered). With symbolic sizes, only a contiguous
-    argument from offset 0 (where the view's bounds are torch's to check)."""
+    argument from offset 0 (the bounds are checked at lowering). A graph input read at an
+    explicit offset is left to eager torch: the offset is absolute, and the same graph may be
+    called with a view of the input's storage at another offset."""
     base, size, stride = node.args[0].meta["val"], node.args[at], node.args[at + 1]
     offset = node.args[at + 2] if len(node.args) > at + 2 else node.kwargs.get("storage_offset")
+    if offset is not None and node.args[0].op == "placeholder":
+        return False
     offset = 0 if offset is None else offset
     layout = [*base.shape, *base.stride(), base.storage_offset()]
     if not all(type(v) is int for v in [*size, *stride, offset, *layout]):
@@ -334,8 +339,15 @@ def _storage(ctx, x):
     return jnp.transpose(x, order).reshape(-1), order
 
 
-def _strided_index(size, stride, storage_offset):
-    """The positions in `_storage` that a strided view reads, shaped `size`."""
+def _strided_index(x, size, stride, storage_offset):
+    """The positions in `_storage` of x that a strided view reads, shaped `size`; a view past
+    x's storage is an error (jax would clamp the reads)."""
+    last = int(storage_offset or 0) + sum((int(n) - 1) * int(s) for n, s in zip(size, stride))
+    if 0 not in size and last >= x.size:
+        raise LoweringError(
+            f"as_strided{tuple(size), tuple(stride), storage_offset} reads position {last} of "
+            f"a storage of {x.size} elements"
+        )
     index = jnp.asarray(int(storage_offset or 0), jnp.int64)
     for axis, (n, s) in enumerate(zip(size, stride)):
         shape = [1] * len(size)
@@ -352,7 +364,7 @@ def _strided_index(size, stride, storage_offset):
 )
 def as_strided(ctx, x, size, stride, storage_offset=None):
     storage, _ = _storage(ctx, x)
-    return storage[_strided_index(size, stride, storage_offset)]
+    return storage[_strided_index(x, size, stride, storage_offset)]
 
 
 @register_lowering(
@@ -362,7 +374,7 @@ def as_strided(ctx, x, size, stride, storage_offset=None):
 )
 def as_strided_scatter(ctx, x, src, size, stride, storage_offset=None):
     storage, order = _storage(ctx, x)
-    written = storage.at[_strided_index(size, stride, storage_offset)].set(src.astype(x.dtype))
+    written = storage.at[_strided_index(x, size, stride, storage_offset)].set(src.astype(x.dtype))
     laid_out = written.reshape([x.shape[d] for d in order])
     return jnp.transpose(laid_out, [order.index(d) for d in range(x.ndim)])
 
