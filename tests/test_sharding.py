@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from tpu_inductor import aot, sharding
-from tpu_inductor.exc import OptionError
+from tpu_inductor.exc import ArtifactError, OptionError
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,11 +34,13 @@ def test_meshes_and_shards_parse_and_bad_ones_say_what_is_expected():
     )
     assert sharding.parse_shard("x:data,-") == ("x", ("data", None))
     assert sharding.parse_shard("x:") == ("x", ())
-    for bad in ("data", "data=0", "data=2,data=2", "1x=2"):
+    for bad in ("data", "data=0", "data=2,data=2", "1x=2", "data=²"):
         with pytest.raises(OptionError, match="--mesh"):
             sharding.parse_mesh(bad)
     with pytest.raises(OptionError, match="NAME:SPEC"):
         sharding.parse_shard("x")
+    with pytest.raises(OptionError, match=r"more than once for \['x'\]"):
+        sharding.Plan(mesh, (("x", ("data",)), ("x", (None,))))
 
 
 def test_plans_split_the_first_dim_by_default_and_check_what_they_are_given():
@@ -77,6 +79,11 @@ def test_a_mesh_lowers_for_a_platform_absent_here(tmp_path):
     assert manifest["mesh"] == [["data", 4]] and manifest["entries"][0]["executable"] is None
     text = (tmp_path / "a" / "buckets" / "0" / "module.mlir").read_text()
     assert "mhlo.num_partitions = 4" in text and '[{"data"}, {}]' in text
+    for damaged in ("data=4", [["data", 0]], [["data", 2]], None):
+        manifest["mesh"] = damaged
+        (tmp_path / "a" / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(ArtifactError, match="manifest.json is malformed: .*mesh"):
+            aot.load(tmp_path / "a")
 
 
 _ON_8_DEVICES = """
@@ -125,6 +132,12 @@ def test_an_artifact_split_over_a_mesh_runs_each_bucket_on_its_devices(
     assert proc.returncode == 0, proc.stderr[-3000:]
     hlo = proc.stdout.split("HLO", 1)[1]
     assert f"{shard_shape}" in hlo and "all-gather" in hlo, hlo[:2000]
+    # Fresh processes run it and exit cleanly (zero-copy shards of torch memory aborted about
+    # half of them at exit).
+    run = "import sys, torch; from tpu_inductor import aot; print(aot.load(sys.argv[1])(torch.ones(8, 16)).shape)"
+    for _ in range(4):
+        again = _on_devices(8, run, out)
+        assert again.returncode == 0 and "[8, 8]" in again.stdout, again.stderr[-2000:]
     load = "import sys; from tpu_inductor import aot; aot.load(sys.argv[1])"
     refused = _on_devices(2, load, out)
     assert refused.returncode != 0

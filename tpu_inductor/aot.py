@@ -292,7 +292,7 @@ def _device_here(platform: str, plan: sharding.Plan | None) -> runtime.Device | 
     try:
         return runtime.mesh_device(device_name, plan.mesh.axes)
     except DeviceError as e:
-        log.info("tpu-inductor: StableHLO only, no executables: %s", e)
+        log.warning("tpu-inductor: StableHLO only, no executables: %s", e)
         return None
 
 
@@ -711,6 +711,21 @@ def _manifest_problem(manifest: dict) -> str | None:
         return "field 'files' is not a map of file names to sha256 digests"
     if not manifest["entries"]:
         return "field 'entries' is empty"
+    mesh = manifest.get("mesh")
+    if mesh is not None and not (
+        isinstance(mesh, list)
+        and mesh
+        and all(
+            isinstance(a, list)
+            and len(a) == 2
+            and isinstance(a[0], str)
+            and type(a[1]) is int
+            and a[1] > 0
+            for a in mesh
+        )
+        and len({a[0] for a in mesh}) == len(mesh)
+    ):
+        return f"field 'mesh' is {mesh!r:.60}, expected [[axis name, size], ...]"
     for number, entry in enumerate(manifest["entries"]):
         where = f"entries[{number}]"
         if not isinstance(entry, dict):
@@ -734,6 +749,9 @@ def _manifest_problem(manifest: dict) -> str | None:
             isinstance(o, dict) and {"dtype", "shape"} <= set(o) for o in lowered["output_specs"]
         ):
             return f"{where}.lowered.output_specs is {lowered['output_specs']!r:.60}"
+        split = lowered.get("shardings")
+        if (split or {}).get("mesh") != mesh:
+            return f"{where}.lowered.shardings is {split!r:.60}, not over the mesh {mesh!r:.60}"
         if "executable" not in entry or not isinstance(entry["executable"], (dict, type(None))):
             return f"{where}.executable is missing or {entry.get('executable')!r:.60}"
     return None

@@ -111,12 +111,16 @@ def select_device(name: str = "auto") -> Device:
 
 def mesh_device(name: str, axes: Sequence[tuple[str, int]]) -> Device:
     """The first devices of platform `name` as a mesh of `axes` (name, size), for a module split
-    over them: jax's client, whose arrays jax splits into shards."""
+    over them (on the CPU, of our synchronous client: see `_synchronous_cpu_client`)."""
     import jax.extend.backend as jeb
 
     count = math.prod(size for _, size in axes)
-    platforms = available_platforms()
-    found = platforms.get(name, [])
+    if name == "cpu":
+        client = _synchronous_cpu_client()
+        found = client.local_devices()
+    else:
+        client = jeb.get_backend(name) if name in available_platforms() else None
+        found = client.local_devices() if client else []
     if len(found) < count:
         hint = (
             f" Run with XLA_FLAGS=--xla_force_host_platform_device_count={count} (set before "
@@ -129,7 +133,7 @@ def mesh_device(name: str, axes: Sequence[tuple[str, int]]) -> Device:
             f"devices; {len(found)} here.{hint}"
         )
     mesh = tuple(found[:count])
-    return Device(jeb.get_backend(name), mesh[0], name, axes=tuple(axes), mesh=mesh)
+    return Device(client, mesh[0], name, axes=tuple(axes), mesh=mesh)
 
 
 @functools.cache  # one client, whether the device was asked for as "auto" or "cpu"
@@ -243,7 +247,8 @@ class _Transfer:
 
         self.device = device.device
         self.on_cpu = device.platform == "cpu" and not device.mesh
-        self.host = self.device if self.on_cpu else jax.devices("cpu")[0]
+        self.cpu_mesh = device.platform == "cpu" and bool(device.mesh)
+        self.host = self.device if device.platform == "cpu" else jax.devices("cpu")[0]
         try:
             from jax._src.lib import _jax
 
@@ -255,25 +260,40 @@ class _Transfer:
 
     def to_device(self, tensor: torch.Tensor, sharding=None):
         """A jax array on the device holding `tensor`'s values (contiguous, aligned first); split
-        by `sharding` over a mesh."""
+        by `sharding` over a mesh. A CPU mesh gets a copy of each device's shard, from numpy:
+        zero-copy torch memory split over devices was released on XLA's worker threads, which
+        aborted the process at exit ("terminate called without an active exception") in about
+        half of fresh processes."""
         tensor = tensor.detach()
         if tensor.is_conj() or tensor.is_neg():  # lazy bits dlpack would drop: apply them
             tensor = tensor.resolve_conj().resolve_neg()
-        if not tensor.is_contiguous():
-            tensor = tensor.contiguous()
-        elif tensor.data_ptr() % _ALIGNMENT:
-            tensor = tensor.clone()
-        if self._import is not None:
-            array = self._import(torch._C._to_dlpack(tensor), self.host, None, None)
-        else:
-            from jax._src.dlpack import from_dlpack
+        if sharding is not None and self.cpu_mesh:
+            import jax
 
-            array = from_dlpack(tensor)
+            shape = tuple(tensor.shape)
+            shards = [
+                jax.device_put(_numpy_copy(tensor[index]), device)
+                for device, index in sharding.devices_indices_map(shape).items()
+            ]
+            return jax.make_array_from_single_device_arrays(shape, sharding, shards)
+        array = self._on_host(tensor, self.host)
         if self.on_cpu:
             return array
         import jax
 
         return jax.device_put(array, sharding or self.device)
+
+    def _on_host(self, tensor: torch.Tensor, device):
+        """`tensor` on a CPU `device`, zero-copy (contiguous and aligned first)."""
+        if not tensor.is_contiguous():
+            tensor = tensor.contiguous()
+        elif tensor.data_ptr() % _ALIGNMENT:
+            tensor = tensor.clone()
+        if self._import is not None:
+            return self._import(torch._C._to_dlpack(tensor), device, None, None)
+        from jax._src.dlpack import from_dlpack
+
+        return from_dlpack(tensor)
 
     def aliases(self, array, tensor: torch.Tensor) -> bool:
         """Whether a CPU `array` reads `tensor`'s memory (a zero-copy transfer), not a copy."""
@@ -473,6 +493,17 @@ def _forget(graph_ref, state_ref) -> None:
 def _version(tensor: torch.Tensor) -> int:
     """A tensor's version counter (inference tensors have none: -1)."""
     return -1 if tensor.is_inference() else tensor._version
+
+
+def _numpy_copy(tensor: torch.Tensor):
+    """A numpy copy of a CPU tensor (bfloat16 through its bits, as ml_dtypes' bfloat16)."""
+    import numpy as np
+
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return np.array(tensor.view(torch.int16).numpy()).view(ml_dtypes.bfloat16)
+    return np.array(tensor.numpy())
 
 
 def _host_tensor(array) -> torch.Tensor:

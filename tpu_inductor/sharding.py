@@ -45,7 +45,7 @@ def parse_mesh(text: str) -> Mesh:
     axes = []
     for part in text.split(","):
         name, _, size = part.strip().partition("=")
-        if not _AXIS.match(name) or not size.isdigit() or int(size) < 1:
+        if not _AXIS.match(name) or not (size.isascii() and size.isdigit()) or int(size) < 1:
             raise OptionError(
                 f"tpu-inductor: --mesh {text!r}: each axis is NAME=SIZE with a positive size, "
                 "e.g. --mesh data=8 or --mesh data=2,model=4."
@@ -76,6 +76,12 @@ class Plan:
 
     mesh: Mesh
     shards: tuple[tuple[str, tuple[str | None, ...]], ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [name for name, _ in self.shards]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise OptionError(f"tpu-inductor: --shard is given more than once for {twice}.")
 
     def specs(self, inputs: Mapping[str, Sequence[int]]) -> dict[str, tuple[str | None, ...]]:
         """Each input's partition spec (input name → its shape): see `partition_specs`."""
