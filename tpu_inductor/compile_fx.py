@@ -36,6 +36,11 @@ from .exc import TpuInductorError, UnsupportedOpError
 log = logging.getLogger(__name__)
 
 _graph_ids = itertools.count()
+aten = torch.ops.aten
+# Ops that read their argument's strides and storage, not only its values.
+_READS_STORAGE = frozenset(
+    {aten.as_strided.default, aten.as_strided_copy.default, aten.as_strided_scatter.default}
+)
 
 
 def compile_graph(
@@ -172,12 +177,6 @@ def _eager_nodes(gm: torch.fx.GraphModule, platform: str) -> set[torch.fx.Node]:
                 reading.append(source)  # its layout, in eager, follows its argument's
         if len(eager) == found:
             return eager
-
-
-aten = torch.ops.aten
-_READS_STORAGE = frozenset(
-    {aten.as_strided.default, aten.as_strided_copy.default, aten.as_strided_scatter.default}
-)
 
 
 def _plain(node: torch.fx.Node) -> bool:
