@@ -37,7 +37,10 @@ def _assert_scalar(condition, message) -> None:
     if condition is not True and condition is not False:
         raise LoweringError(f"a runtime assertion on a traced value cannot be checked: {message}")
     if not condition:
-        raise LoweringError(f"a runtime assertion fails for these inputs' sizes: {message}")
+        raise LoweringError(
+            f"a runtime assertion fails for these inputs' sizes: {message} (eager torch raises "
+            "it too: call the model with inputs that satisfy it)"
+        )
 
 
 # Targets the interpreter evaluates itself: size arithmetic and checks, tuple access, effect tokens.

@@ -56,13 +56,6 @@ class Shardings:
     axes: tuple[tuple[str, int], ...]
     inputs: tuple[tuple[str | None, ...], ...]
 
-    @property
-    def devices(self) -> int:
-        count = 1
-        for _, size in self.axes:
-            count *= size
-        return count
-
 
 @dataclasses.dataclass
 class LoweredModule:

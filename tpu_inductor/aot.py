@@ -623,7 +623,7 @@ def load(directory: str | Path, device: str = "auto") -> Artifact:
             )
     here = runtime.select_device(device)
     if here.lowering_platform == manifest["platform"] and manifest.get("mesh"):
-        here = _guarded(directory / MANIFEST, lambda: _mesh_here(here, manifest["mesh"]))
+        here = _mesh_here(here, manifest["mesh"])
     if here.lowering_platform != manifest["platform"]:
         raise ArtifactError(
             f"tpu_inductor: {directory} was built for {manifest['platform']!r}, this process "
@@ -634,10 +634,10 @@ def load(directory: str | Path, device: str = "auto") -> Artifact:
 
 
 def _mesh_here(device: runtime.Device, mesh: list) -> runtime.Device:
-    """The devices of `device`'s platform for an artifact's mesh ([[axis, size], ...])."""
-    axes = tuple((str(name), int(size)) for name, size in mesh)
+    """The devices of `device`'s platform for an artifact's mesh ([[axis, size], ...], checked
+    by `read_manifest`)."""
     try:
-        return runtime.mesh_device(device.platform, axes)
+        return runtime.mesh_device(device.platform, tuple(map(tuple, mesh)))
     except DeviceError as e:
         raise ArtifactError(f"{e} The artifact is split over that mesh.") from e
 
@@ -849,8 +849,8 @@ def _cli_inspect(args) -> int:
     directory = Path(args.directory)
     manifest = read_manifest(directory)
     print(f"artifact:  {directory}  (format {manifest['format']})")
-    mesh = ",".join(f"{name}={size}" for name, size in manifest.get("mesh") or ())
-    print(f"platform:  {manifest['platform']}   x64: {manifest['x64']}   mesh: {mesh or 'none'}")
+    mesh = sharding.Mesh(tuple(map(tuple, manifest["mesh"]))) if manifest.get("mesh") else "none"
+    print(f"platform:  {manifest['platform']}   x64: {manifest['x64']}   mesh: {mesh}")
     print("versions:  " + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items()))
     for spec in manifest["inputs"]:
         print(f"input:     {spec['name']}: {spec['dtype']}{spec['shape']}")

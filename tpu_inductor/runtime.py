@@ -238,8 +238,8 @@ class _Transfer:
 
     CPU: zero-copy dlpack, through jaxlib's and torch's C entry points when present (about 5x
     less per-call overhead than the public `from_dlpack` wrappers, and no int64 narrowing).
-    Other devices, and a mesh: zero-copy to a host array, then one `device_put` (split into
-    shards over a mesh by the argument's sharding).
+    Other devices: zero-copy to a host array, then one `device_put` (split into shards by the
+    argument's sharding on a mesh). A CPU mesh: a copy of each device's shard (see `to_device`).
     """
 
     def __init__(self, device: Device):
@@ -248,7 +248,7 @@ class _Transfer:
         self.device = device.device
         self.on_cpu = device.platform == "cpu" and not device.mesh
         self.cpu_mesh = device.platform == "cpu" and bool(device.mesh)
-        self.host = self.device if device.platform == "cpu" else jax.devices("cpu")[0]
+        self.host = self.device if self.on_cpu else jax.devices("cpu")[0]
         try:
             from jax._src.lib import _jax
 
@@ -276,24 +276,21 @@ class _Transfer:
                 for device, index in sharding.devices_indices_map(shape).items()
             ]
             return jax.make_array_from_single_device_arrays(shape, sharding, shards)
-        array = self._on_host(tensor, self.host)
-        if self.on_cpu:
-            return array
-        import jax
-
-        return jax.device_put(array, sharding or self.device)
-
-    def _on_host(self, tensor: torch.Tensor, device):
-        """`tensor` on a CPU `device`, zero-copy (contiguous and aligned first)."""
         if not tensor.is_contiguous():
             tensor = tensor.contiguous()
         elif tensor.data_ptr() % _ALIGNMENT:
             tensor = tensor.clone()
         if self._import is not None:
-            return self._import(torch._C._to_dlpack(tensor), device, None, None)
-        from jax._src.dlpack import from_dlpack
+            array = self._import(torch._C._to_dlpack(tensor), self.host, None, None)
+        else:
+            from jax._src.dlpack import from_dlpack
 
-        return from_dlpack(tensor)
+            array = from_dlpack(tensor)
+        if self.on_cpu:
+            return array
+        import jax
+
+        return jax.device_put(array, sharding or self.device)
 
     def aliases(self, array, tensor: torch.Tensor) -> bool:
         """Whether a CPU `array` reads `tensor`'s memory (a zero-copy transfer), not a copy."""
@@ -449,7 +446,8 @@ def _argument_shardings(device: Device, lowered) -> tuple:
         return (None,) * (len(lowered.tensor_inputs) + 1)
     if split is None or tuple(split.axes) != device.axes:
         raise DeviceError(
-            f"tpu_inductor: a module for mesh {split and dict(split.axes)} cannot run on {device}"
+            f"tpu_inductor: a module for mesh {split and dict(split.axes)} cannot run on "
+            f"{device}: load an artifact with tpu_inductor.aot.load, which takes its mesh's devices."
         )
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec

@@ -13,7 +13,6 @@ parallelism) and weights are replicated.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from collections.abc import Mapping, Sequence
 
@@ -31,10 +30,6 @@ class Mesh:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.axes)
-
-    @property
-    def devices(self) -> int:
-        return math.prod(size for _, size in self.axes)
 
     def __str__(self) -> str:
         return ",".join(f"{name}={size}" for name, size in self.axes)

@@ -317,8 +317,12 @@ def _reads_its_storage(node, at: int = 1) -> bool:
         return bool(base.is_contiguous() and base.storage_offset() == 0)
     if base.storage_offset() != 0 or not _dense(base):
         return False
-    last = offset + sum((n - 1) * s for n, s in zip(size, stride))
-    return 0 in size or last < base.numel()
+    return 0 in size or _last_position(size, stride, offset) < base.numel()
+
+
+def _last_position(size, stride, offset) -> int:
+    """The last storage position a strided view of a nonempty `size` reads."""
+    return int(offset or 0) + sum((int(n) - 1) * int(s) for n, s in zip(size, stride))
 
 
 def _dense(tensor) -> bool:
@@ -342,7 +346,7 @@ def _storage(ctx, x):
 def _strided_index(x, size, stride, storage_offset):
     """The positions in `_storage` of x that a strided view reads, shaped `size`; a view past
     x's storage is an error (jax would clamp the reads)."""
-    last = int(storage_offset or 0) + sum((int(n) - 1) * int(s) for n, s in zip(size, stride))
+    last = _last_position(size, stride, storage_offset)
     if 0 not in size and last >= x.size:
         raise LoweringError(
             f"as_strided{tuple(size), tuple(stride), storage_offset} reads position {last} of "
