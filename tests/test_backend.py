@@ -165,6 +165,20 @@ def test_split_graph_writes_inputs_back_after_the_eager_ops_that_read_them():
     assert_same(model.running, reference.running)
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_eager_ops_of_a_split_graph_get_their_inputs_in_the_traced_layout(dynamic):
+    """A region's result read by an eager op has the layout it was traced with: the eager op's
+    own result follows it, and a later view (valid for the traced strides only) must work."""
+
+    def f(x):
+        y = unlowered((x * 2).t())  # its result takes the transposed layout of its argument
+        return y.t().view(-1) + 1  # a flat view exists only for that layout
+
+    compiled = torch.compile(f, backend="tpu_inductor", dynamic=dynamic)
+    for x in (torch.randn(4, 6), torch.randn(5, 7)):
+        assert_same(compiled(x), f(x))
+
+
 def test_strict_mode_lists_missing_op_with_source_line():
     f = _compile(_uses_unsupported_op, fallback="error")
     message = str(_backend_error(UnsupportedOpError, f, torch.randn(16)))

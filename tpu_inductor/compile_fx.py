@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -131,11 +132,13 @@ def _compile_partitioned(gm, options: Options, device, name: str) -> torch.fx.Gr
     partitions = [p for p in partitioner.propose_partitions() if _has_computation(p.nodes)]
     fused = partitioner.fuse_partitions(partitions)
     debug.graph_stage(name, "partitioned", fused, options)
+    calls = {n.target: n for n in fused.graph.nodes if n.op == "call_module"}
     for region, sub in list(fused.named_children()):
         if region.startswith("fused_"):
             debug.graph_stage(f"{name}.{region}", "region", sub, options)
             compiled = _compile_region(sub, None, options, device, (), f"{name}.{region}")
-            setattr(fused, region, _Unboxed(compiled, _returns_tuple(sub)))
+            layouts = _layouts_eager_ops_read(sub, calls[region])
+            setattr(fused, region, _Unboxed(compiled, _returns_tuple(sub), layouts))
     if options.fallback == "torch-mlir":
         fused = _lower_rest_with_torch_mlir(fused, options, device, name)
     fused.recompile()
@@ -149,8 +152,6 @@ def _eager_nodes(gm: torch.fx.GraphModule, platform: str) -> set[torch.fx.Node]:
     results computed in eager (a compiled region would return a copy, not a view of them); and
     the producers of what an eager `as_strided` reads, back to a result laid out contiguously
     from offset 0 (a compiled region returns that layout; as_strided reads the strides)."""
-    import operator
-
     from torch._ops import OpOverload
 
     from .lowering import registry
@@ -198,7 +199,6 @@ def _lower_rest_with_torch_mlir(fused, options: Options, device, name: str):
     ops that do are reported as fallback ops, each region's choice is logged.
     """
     import dataclasses
-    import operator
 
     from torch._ops import OpOverload
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
@@ -269,16 +269,65 @@ def _returns_tuple(gm: torch.fx.GraphModule) -> bool:
     return isinstance(output.args[0], (tuple, list))
 
 
-class _Unboxed(torch.nn.Module):
-    """A compiled region called from an FX graph with positional arguments."""
+def _layouts_eager_ops_read(
+    region: torch.fx.GraphModule, call: torch.fx.Node
+) -> dict[int, tuple[int, ...]]:
+    """Output index → dim order (`torch.empty_permuted`'s) of a region's results that eager ops
+    read and that were traced in another dense layout than the contiguous one compiled results
+    have: an eager op's result layout can follow its argument's (elementwise ops, CPU flash
+    attention), and the views after it were traced for that layout."""
+    output = next(n for n in region.graph.nodes if n.op == "output").args[0]
+    results = output if isinstance(output, (tuple, list)) else (output,)
+    read: set[int] = set()
+    for user in call.users:
+        if user.op == "call_function" and user.target is not operator.getitem:
+            read.add(0)
+        elif user.op == "call_function" and any(u.op == "call_function" for u in user.users):
+            read.add(user.args[1])
+    layouts = {}
+    for index in sorted(read):
+        order = _dense_dim_order(getattr(results[index], "meta", {}).get("val"))
+        if order is not None and order != tuple(range(len(order))):
+            layouts[index] = order
+    return layouts
 
-    def __init__(self, compiled, returns_tuple: bool):
+
+def _dense_dim_order(value) -> tuple[int, ...] | None:
+    """The dims of a dense, non-overlapping traced tensor from outermost to innermost in memory
+    (by its size hints: a permutation's order does not depend on the sizes); None otherwise."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    sizes = [n if isinstance(n, int) else n.node.hint for n in value.shape]
+    strides = [n if isinstance(n, int) else n.node.hint for n in value.stride()]
+    if None in sizes or None in strides:  # an unbacked size: no hint to order by
+        return None
+    order = tuple(sorted(range(len(sizes)), key=lambda d: -strides[d]))
+    expected = 1
+    for dim in reversed(order):
+        if sizes[dim] != 1 and strides[dim] != expected:
+            return None
+        expected *= sizes[dim]
+    return order
+
+
+class _Unboxed(torch.nn.Module):
+    """A compiled region called from an FX graph with positional arguments; the results eager
+    ops read are given the layouts they were traced with (`_layouts_eager_ops_read`)."""
+
+    def __init__(self, compiled, returns_tuple: bool, layouts: dict[int, tuple[int, ...]]):
         super().__init__()
         self.compiled = compiled
         self.returns_tuple = returns_tuple
+        self.layouts = layouts
 
     def forward(self, *args):
         outs = self.compiled(list(args))
+        for index, order in self.layouts.items():
+            out = outs[index]
+            if not out.permute(order).is_contiguous():  # a view of an input may already be
+                outs[index] = torch.empty_permuted(
+                    out.shape, order, dtype=out.dtype, device=out.device
+                ).copy_(out)
         return tuple(outs) if self.returns_tuple else outs[0]
 
 
