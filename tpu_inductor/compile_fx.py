@@ -132,13 +132,11 @@ def _compile_partitioned(gm, options: Options, device, name: str) -> torch.fx.Gr
     partitions = [p for p in partitioner.propose_partitions() if _has_computation(p.nodes)]
     fused = partitioner.fuse_partitions(partitions)
     debug.graph_stage(name, "partitioned", fused, options)
-    calls = {n.target: n for n in fused.graph.nodes if n.op == "call_module"}
     for region, sub in list(fused.named_children()):
         if region.startswith("fused_"):
             debug.graph_stage(f"{name}.{region}", "region", sub, options)
             compiled = _compile_region(sub, None, options, device, (), f"{name}.{region}")
-            layouts = _layouts_eager_ops_read(sub, calls[region])
-            setattr(fused, region, _Unboxed(compiled, _returns_tuple(sub), layouts))
+            setattr(fused, region, _Unboxed(compiled, sub, _call_of(fused, region)))
     if options.fallback == "torch-mlir":
         fused = _lower_rest_with_torch_mlir(fused, options, device, name)
     fused.recompile()
@@ -235,7 +233,7 @@ def _lower_rest_with_torch_mlir(fused, options: Options, device, name: str):
                 eager.setdefault(op, []).extend(sites)
             continue
         log.info("tpu_inductor: %s.%s (%s) lowered by torch-mlir", name, region, ", ".join(ops))
-        setattr(fused, region, _Unboxed(compiled, _returns_tuple(sub)))
+        setattr(fused, region, _Unboxed(compiled, sub, _call_of(fused, region)))
     if eager:
         _report_missing(eager, options)
         debug.fallback_ops(name, eager, device.lowering_platform, options)
@@ -267,6 +265,10 @@ def _has_computation(nodes) -> bool:
 def _returns_tuple(gm: torch.fx.GraphModule) -> bool:
     output = next(n for n in gm.graph.nodes if n.op == "output")
     return isinstance(output.args[0], (tuple, list))
+
+
+def _call_of(fused: torch.fx.GraphModule, region: str) -> torch.fx.Node:
+    return next(n for n in fused.graph.nodes if n.op == "call_module" and n.target == region)
 
 
 def _layouts_eager_ops_read(
@@ -311,14 +313,14 @@ def _dense_dim_order(value) -> tuple[int, ...] | None:
 
 
 class _Unboxed(torch.nn.Module):
-    """A compiled region called from an FX graph with positional arguments; the results eager
-    ops read are given the layouts they were traced with (`_layouts_eager_ops_read`)."""
+    """A compiled `region` called by `call` from an FX graph with positional arguments; the
+    results eager ops read are given the layouts they were traced with."""
 
-    def __init__(self, compiled, returns_tuple: bool, layouts: dict[int, tuple[int, ...]]):
+    def __init__(self, compiled, region: torch.fx.GraphModule, call: torch.fx.Node):
         super().__init__()
         self.compiled = compiled
-        self.returns_tuple = returns_tuple
-        self.layouts = layouts
+        self.returns_tuple = _returns_tuple(region)
+        self.layouts = _layouts_eager_ops_read(region, call)
 
     def forward(self, *args):
         outs = self.compiled(list(args))
