@@ -295,21 +295,17 @@ def _layouts_eager_ops_read(
 
 
 def _dense_dim_order(value) -> tuple[int, ...] | None:
-    """The dims of a dense, non-overlapping traced tensor from outermost to innermost in memory
-    (by its size hints: a permutation's order does not depend on the sizes); None otherwise."""
+    """The dim order of a dense traced tensor, by its size hints (a permutation's order does not
+    depend on the sizes); None for other layouts and unbacked sizes (no hint to order by)."""
+    from .lowering.ops.common import dense_dim_order
+
     if not isinstance(value, torch.Tensor):
         return None
     sizes = [n if isinstance(n, int) else n.node.hint for n in value.shape]
     strides = [n if isinstance(n, int) else n.node.hint for n in value.stride()]
-    if None in sizes or None in strides:  # an unbacked size: no hint to order by
+    if None in sizes or None in strides:
         return None
-    order = tuple(sorted(range(len(sizes)), key=lambda d: -strides[d]))
-    expected = 1
-    for dim in reversed(order):
-        if sizes[dim] != 1 and strides[dim] != expected:
-            return None
-        expected *= sizes[dim]
-    return order
+    return dense_dim_order(sizes, strides)
 
 
 class _Unboxed(torch.nn.Module):

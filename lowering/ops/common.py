@@ -1,4 +1,4 @@
-"""Helpers shared by the rule families: dtype casts, dims, elementwise registration."""
+"""Helpers shared by the rule families: dtype casts, dims, layouts, elementwise registration."""
 
 from __future__ import annotations
 
@@ -35,6 +35,18 @@ def dims(ds, rank: int) -> tuple[int, ...]:
     if isinstance(ds, int):
         ds = (ds,)
     return tuple(sorted({dim(d, rank) for d in ds}))
+
+
+def dense_dim_order(sizes, strides) -> tuple[int, ...] | None:
+    """The dims of a strided layout, outermost first, when its strides are contiguous strides in
+    that order (dense, non-overlapping: its storage is its values, reordered); None otherwise."""
+    order = tuple(sorted(range(len(sizes)), key=lambda d: -strides[d]))
+    expected = 1
+    for d in reversed(order):
+        if sizes[d] != 1 and strides[d] != expected:
+            return None
+        expected *= sizes[d]
+    return order
 
 
 def elementwise(*ops, compute: str = "auto"):

@@ -12,7 +12,7 @@ from torch._ops import ops
 
 from ...exc import LoweringError
 from ..registry import register_lowering
-from .common import cast, dim
+from .common import cast, dense_dim_order, dim
 
 aten = ops.aten
 
@@ -315,7 +315,7 @@ def _reads_its_storage(node, at: int = 1) -> bool:
     layout = [*base.shape, *base.stride(), base.storage_offset()]
     if not all(type(v) is int for v in [*size, *stride, offset, *layout]):
         return bool(base.is_contiguous() and base.storage_offset() == 0)
-    if base.storage_offset() != 0 or not _dense(base):
+    if base.storage_offset() != 0 or dense_dim_order(base.shape, base.stride()) is None:
         return False
     return 0 in size or _last_position(size, stride, offset) < base.numel()
 
@@ -325,21 +325,10 @@ def _last_position(size, stride, offset) -> int:
     return int(offset or 0) + sum((int(n) - 1) * int(s) for n, s in zip(size, stride))
 
 
-def _dense(tensor) -> bool:
-    """Whether `tensor`'s elements fill its storage span once each: its strides are contiguous
-    strides in some dim order."""
-    expected = 1
-    for d in sorted((d for d in range(tensor.dim()) if tensor.shape[d] != 1), key=tensor.stride):
-        if tensor.stride(d) != expected:
-            return False
-        expected *= tensor.shape[d]
-    return True
-
-
 def _storage(ctx, x):
     """(x's storage as a flat array, the dim order that lays x out in it)."""
     base = ctx.node.args[0].meta["val"]
-    order = sorted(range(base.dim()), key=lambda d: -int(base.stride(d)))  # outermost first
+    order = dense_dim_order(base.shape, base.stride())  # rules support only dense layouts
     return jnp.transpose(x, order).reshape(-1), order
 
 
