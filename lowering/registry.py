@@ -24,6 +24,7 @@ from ..exc import RegistrationError
 
 RULE_MODULES = (
     "pointwise",
+    "cpu_math",
     "reduction",
     "shape",
     "indexing",

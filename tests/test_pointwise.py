@@ -283,3 +283,50 @@ def test_gcd_and_lcm():
     fns = {"gcd": torch.gcd, "lcm": torch.lcm}
     for dtype in (torch.int32, torch.int64, torch.int16):
         check_many_against_eager(fns, a.to(dtype), b.to(dtype), options={"fallback": "error"})
+
+
+def test_cpu_sin_and_cos_polynomials_are_within_2_5_ulp():
+    """XLA:CPU's float32 sin/cos (lowering/ops/cpu_math.py) against float64: next to every
+    multiple of pi/2 up to the polynomials' limit (where a rough reduction loses all relative
+    accuracy) and at random points, signed zeros included."""
+    import jax
+    import numpy as np
+    from tpu_inductor.lowering.ops import cpu_math
+
+    quadrants = np.arange(1, int(cpu_math.REDUCTION_LIMIT * 2 / np.pi) + 1)
+    near = (quadrants * (np.pi / 2)).astype(np.float32)
+    spread = np.random.default_rng(0).uniform(0, cpu_math.REDUCTION_LIMIT, 100_000)
+    x = np.concatenate(
+        [np.nextafter(near, np.float32(0)), near, np.nextafter(near, np.float32(np.inf)), spread]
+    ).astype(np.float32)
+    x = np.concatenate([x, -x, np.float32([0.0, 1e-30, 0.25, np.pi / 4])])
+    for polynomial, reference in (
+        (cpu_math.polynomial_sin, np.sin),
+        (cpu_math.polynomial_cos, np.cos),
+    ):
+        got = np.asarray(jax.jit(polynomial)(x)).astype(np.float64)
+        want = reference(x.astype(np.float64))
+        ulps = np.abs(got - want) / np.spacing(np.abs(want).astype(np.float32))
+        worst = int(np.argmax(ulps))
+        assert ulps[worst] <= 2.5, f"{reference.__name__}({x[worst]!r}): {ulps[worst]:.1f} ulp"
+    assert np.signbit(np.asarray(jax.jit(cpu_math.polynomial_sin)(np.float32([-0.0])))).all()
+
+
+def test_sin_and_cos_past_the_cpu_polynomials_range_match_eager():
+    """A tensor with any element past the limit (or infinite, NaN) takes XLA's own op whole."""
+    sin_cos = lambda x: (torch.sin(x), torch.cos(x))  # noqa: E731
+    check_against_eager(sin_cos, torch.tensor([1e20, -3e9, 1e6, 8192.5, 0.5, -0.0]))
+    check_against_eager(sin_cos, torch.tensor([0.5, -2.0, float("inf"), float("nan")]))
+    check_against_eager(sin_cos, torch.linspace(-8192, 8192, 1001))  # the polynomials
+
+
+def test_sin_and_cos_have_a_cpu_rule_and_a_portable_one():
+    """The CPU module picks between the polynomials and XLA's op at run time; TPU's is XLA's."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from tpu_inductor.lowering import stablehlo
+
+    x = torch.randn(8)
+    gm = make_fx(lambda x: torch.sin(x) + torch.cos(x))(x)
+    cpu, tpu = (stablehlo.lower(gm, [x], platform=p).text for p in ("cpu", "tpu"))
+    assert "stablehlo.case" in cpu or "stablehlo.if" in cpu
+    assert "stablehlo.sine" in tpu and "stablehlo.case" not in tpu and "stablehlo.if" not in tpu

@@ -49,16 +49,17 @@ def dense_dim_order(sizes, strides) -> tuple[int, ...] | None:
     return order
 
 
-def elementwise(*ops, compute: str = "auto"):
+def elementwise(*ops, compute: str = "auto", platform: str | None = None):
     """Register `fn(*arrays, **kwargs)` for `ops`, with torch's type promotion around it.
 
     Tensor and scalar arguments are cast to the op's computation dtype (the result dtype when
     it is floating, else the promoted dtype; compute="promoted" forces the latter; float32 for
-    16-bit floats, as torch computes them) and the result to the node's dtype.
+    16-bit floats, as torch computes them) and the result to the node's dtype. `platform`: a
+    rule for that lowering platform only (see registry.register_lowering).
     """
 
     def decorate(fn: Callable) -> Callable:
-        @register_lowering(*ops, needs_ctx=True)
+        @register_lowering(*ops, needs_ctx=True, platform=platform)
         def rule(ctx, *args, **kwargs):
             dtype = ctx.promoted_dtype() if compute == "promoted" else ctx.compute_dtype()
             dtype = accumulation_dtype(dtype)
