@@ -15,7 +15,8 @@ keep their relative accuracy. A tensor with any element beyond 8192, infinite or
 XLA's own sine/cosine instead: a max-reduction and a conditional pick the path, and the
 conditional also keeps XLA from recomputing the result inside every consumer.
 
-Other dtypes (float64, complex) keep the portable rule.
+bfloat16 and float16 compute in float32 (as every elementwise rule does) and take the same path;
+float64 and complex keep the portable rule.
 """
 
 from __future__ import annotations
