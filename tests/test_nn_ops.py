@@ -299,6 +299,8 @@ _MAX_POOLS = [
     ([3, 3], [2, 2], [1, 1], [1, 1], False),
     ([3, 2], [2, 1], [1, 0], [2, 1], True),
     ([3, 3], [2, 2], [1, 1], [1, 1], True),
+    ([2, 2], [2, 2], [0, 0], [1, 1], True),  # tiles, the last ones partial
+    ([2, 3], [2, 3], [0, 0], [1, 1], False),  # tiles, the last row and columns left out
 ]
 
 
@@ -320,6 +322,23 @@ def test_max_pool2d_with_indices_backward(config):
         (grad, x, indices),
         F32,
     )
+
+
+def test_max_pool2d_backward_of_tiling_windows_is_elementwise():
+    """Windows that tile the input need no scatter-add (a serial loop on XLA:CPU): each cell
+    takes its window's gradient where it is the saved index; bfloat16 stays bfloat16."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from tpu_inductor.lowering import stablehlo
+
+    x = _rand(2, 3, 8, 8, dtype=torch.bfloat16).round()
+    out, indices = aten.max_pool2d_with_indices(x, [2, 2], [2, 2])
+    grad = _rand(*out.shape, seed=1, dtype=torch.bfloat16)
+    backward = lambda g, x, i: aten.max_pool2d_with_indices_backward(  # noqa: E731
+        g, x, [2, 2], [2, 2], [0, 0], [1, 1], False, i
+    )
+    _run(backward, (grad, x, indices), BF16)
+    text = stablehlo.lower(make_fx(backward)(grad, x, indices), [grad, x, indices]).text
+    assert "scatter" not in text
 
 
 def test_max_pool2d_bf16():

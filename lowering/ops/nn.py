@@ -349,10 +349,34 @@ def max_pool_backward(grad, x, indices, nd: int):
     return out.reshape(x.shape).astype(grad.dtype)
 
 
+def _tiled_max_pool_backward(grad, x, indices, kernel):
+    """A 2-d max pool's input gradient where the windows tile the input (stride = kernel, no
+    padding or dilation): each cell takes its window's gradient where it is the window's saved
+    index. One elementwise pass, where `max_pool_backward`'s scatter-add is a serial loop on
+    XLA:CPU (the zoo CNN's pool of 16x32x32x32: 0.66 -> 0.20 ms)."""
+    (kh, kw), (height, width) = kernel, x.shape[-2:]
+    *lead, oh, ow = grad.shape
+    tiled = (*lead, oh * kh, ow * kw)
+
+    def spread(a):  # each window's value over its kh x kw cells
+        return jnp.broadcast_to(a[..., :, None, :, None], (*lead, oh, kh, ow, kw)).reshape(tiled)
+
+    cell = lax.broadcasted_iota(indices.dtype, tiled, len(tiled) - 2) * width
+    cell = cell + lax.broadcasted_iota(indices.dtype, tiled, len(tiled) - 1)
+    picked = jnp.where(spread(indices) == cell, spread(grad), jnp.zeros((), grad.dtype))
+    # ceil_mode's last windows reach past the input; floor mode leaves its last cells out
+    picked = picked[..., :height, :width]
+    edges = [(0, height - picked.shape[-2]), (0, width - picked.shape[-1])]
+    return jnp.pad(picked, [(0, 0)] * len(lead) + edges)
+
+
 @register_lowering(aten.max_pool2d_with_indices_backward.default)
 def max_pool2d_with_indices_backward(
     grad, x, kernel, stride, padding, dilation, ceil_mode, indices
 ):
+    kernel, stride, padding, dilation = _pool_args(kernel, stride, padding, dilation)
+    if stride == kernel and padding == (0, 0) and dilation == (1, 1):
+        return _tiled_max_pool_backward(grad, x, indices, kernel)
     return max_pool_backward(grad, x, indices, 2)
 
 
