@@ -218,13 +218,12 @@ def _passed_through_inputs(gm, tensor_inputs) -> list[int | None]:
     returning them), else None. Returned as module results, XLA would copy them."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     tensors = {placeholders[i]: i for i in tensor_inputs}
-    return [tensors.get(node) for node in _flat_outputs(gm)]
+    return [tensors.get(node) for node in flat_outputs(gm)]
 
 
-def _flat_outputs(gm) -> list:
+def flat_outputs(gm) -> list:
     """The graph's outputs, flattened (nodes, or constants)."""
-    output_node = next(n for n in gm.graph.nodes if n.op == "output")
-    return list(flatten(output_node.args[0]))
+    return list(flatten(gm.graph.output_node().args[0]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,7 +248,7 @@ def _aliased_outputs(gm, passed_through) -> tuple[dict[int, tuple], list[torch.f
         whole = val.untyped_storage().nbytes() == val.numel() * val.element_size()
         return whole and val.is_contiguous() and val.storage_offset() == 0
 
-    outputs = _flat_outputs(gm)
+    outputs = flat_outputs(gm)
     vals = [n.meta.get("val") if isinstance(n, torch.fx.Node) else None for n in outputs]
     groups: dict[Any, list[int]] = {}
     for index, val in enumerate(vals):
@@ -300,7 +299,7 @@ def _aliased_outputs(gm, passed_through) -> tuple[dict[int, tuple], list[torch.f
 
 def _output_specs(gm, slots, mutations, inputs, bases) -> tuple[TensorSpec, ...]:
     """torch dtypes of the module results, from the output node's metadata (and the inputs')."""
-    flat_nodes = _flat_outputs(gm)
+    flat_nodes = flat_outputs(gm)
     specs: list[TensorSpec | None] = []
     for node, slot in zip(flat_nodes, slots):
         if slot.result is None:

@@ -263,8 +263,7 @@ def _has_computation(nodes) -> bool:
 
 
 def _returns_tuple(gm: torch.fx.GraphModule) -> bool:
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    return isinstance(output.args[0], (tuple, list))
+    return isinstance(gm.graph.output_node().args[0], (tuple, list))
 
 
 def _call_of(fused: torch.fx.GraphModule, region: str) -> torch.fx.Node:
@@ -278,8 +277,9 @@ def _layouts_eager_ops_read(
     read and that were traced in another dense layout than the contiguous one compiled results
     have: an eager op's result layout can follow its argument's (elementwise ops, CPU flash
     attention), and the views after it were traced for that layout."""
-    output = next(n for n in region.graph.nodes if n.op == "output").args[0]
-    results = output if isinstance(output, (tuple, list)) else (output,)
+    from .lowering.stablehlo import flat_outputs
+
+    results = flat_outputs(region)
     read: set[int] = set()
     for user in call.users:
         if user.op == "call_function" and user.target is not operator.getitem:
