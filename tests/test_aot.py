@@ -172,6 +172,7 @@ def test_executable_for_another_jaxlib_is_recompiled_from_portable_stablehlo(art
         assert_same(aot.load(directory)(**inputs), make_model()(**inputs))
 
 
+@pytest.mark.filterwarnings("error::FutureWarning")  # torch's own deprecation noise stays out
 def test_cli_compile_and_inspect(tmp_path, capsys):
     out = tmp_path / "cli"
     args = ["compile", "tests.test_aot:make_model", "--input", "ids:int64[2,4]"]

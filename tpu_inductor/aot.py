@@ -40,6 +40,7 @@ import shlex
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from inspect import Parameter, signature
 from pathlib import Path
@@ -305,7 +306,10 @@ def _compile_bucket(model, build: _Build, sizes, directory: Path, weights):
     from .passes import pipeline
 
     examples = tuple(torch.zeros(s.concrete(sizes), dtype=s.dtype) for s in inputs)
-    with decompositions.tracing():
+    with decompositions.tracing(), warnings.catch_warnings():
+        # torch 2.13's run_decompositions deep-copies pytree specs, which warns about its own
+        # deprecated LeafSpec check: noise in the progress bar that a user cannot act on.
+        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)`")
         program = torch.export.export(model, examples, strict=False)
         program = program.run_decompositions(dict(decompositions.table()))
     signature = program.graph_signature
