@@ -63,13 +63,7 @@ def lower(
 ) -> LoweredModule:
     """Lower `gm` for `inputs` (tensors or fake tensors, and concrete ints) via torch-mlir."""
     fx = require()
-    seeded = sorted(
-        {
-            str(node.target)
-            for node in gm.graph.nodes
-            if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
-        }
-    )
+    seeded = sorted({str(node.target) for node in gm.graph.nodes if _draws_random_numbers(node)})
     if seeded:  # torch-mlir draws from XLA's own generator, the same stream in every process
         raise LoweringError(
             f"torch-mlir's random numbers ignore torch's generator (torch.manual_seed, the "
@@ -105,7 +99,9 @@ def lower(
 
 
 class _Functional(torch.fx.Interpreter):
-    """Runs a graph, turning `copy_` into a placeholder into a recorded value (no mutation)."""
+    """Runs a graph, turning `copy_` into a placeholder into a recorded value (no mutation),
+    and views into reshapes: the re-trace's decompositions may lay a result out otherwise than
+    the traced kernel did (CPU flash attention), and in a functional graph both are the same."""
 
     def __init__(self, gm: torch.fx.GraphModule):
         super().__init__(gm)
@@ -119,7 +115,21 @@ class _Functional(torch.fx.Interpreter):
             value = src.expand(dst.shape).to(dst.dtype)
             self.mutations[self.position[n.args[0]]] = value
             return value
+        if n.target is aten.view.default:
+            (tensor, shape), _ = self.fetch_args_kwargs_from_env(n)
+            return tensor.reshape(shape)
         return super().run_node(n)
+
+
+def _draws_random_numbers(node: torch.fx.Node) -> bool:
+    """Whether `node` draws random numbers: a seeded op, less attention without dropout (CPU
+    flash attention is tagged seeded for its dropout_p argument)."""
+    if torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ()):
+        return False
+    if node.target is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
+        dropout_p = node.kwargs.get("dropout_p", node.args[3] if len(node.args) > 3 else 0.0)
+        return dropout_p != 0
+    return True
 
 
 def _stateless_graph(gm, inputs, tensor_inputs, specs, fx) -> tuple[torch.fx.GraphModule, dict]:

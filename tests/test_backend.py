@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from tpu_inductor import cache, debug, runtime
 from tpu_inductor.config import Options
@@ -798,6 +799,28 @@ def test_cpu_convolutions_are_not_given_to_ynnpack(tmp_path):
         name: re.search(re.escape(name) + r" .*?\n}", text, re.S).group(0) for name in ynn_bodies
     }
     assert ynn_bodies and not any("convolution(" in body for body in bodies.values())
+
+
+def test_cpu_flash_attention_is_traced_whole_forward_and_backward(tmp_path):
+    """SDPA reaches our rules as one op each way (GQA too), not as its math decomposition."""
+    q = torch.randn(2, 4, 8, 16, requires_grad=True)
+    k, v = (torch.randn(2, 2, 8, 16, requires_grad=True) for _ in range(2))
+
+    def attention(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    compiled = _compile(attention, dump_dir=str(tmp_path), cache=False)
+    out = compiled(q, k, v)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    expected = attention(q, k, v)
+    assert_same(out, expected, rtol=1e-5, atol=2e-5)
+    for got, want in zip(grads, torch.autograd.grad(expected.square().sum(), (q, k, v))):
+        assert_same(got, want, rtol=1e-4, atol=1e-4)
+    forward = "".join(p.read_text() for p in tmp_path.glob("*/*_aten_forward.py"))
+    backward = "".join(p.read_text() for p in tmp_path.glob("*/*_aten_backward.py"))
+    assert "_scaled_dot_product_flash_attention_for_cpu.default" in forward
+    assert "_scaled_dot_product_flash_attention_for_cpu_backward.default" in backward
+    assert "_softmax" not in forward + backward
 
 
 def test_xla_flags_naming_the_option_win_over_ours(monkeypatch):

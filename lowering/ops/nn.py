@@ -477,28 +477,67 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
 def _attention(q, k, v, is_causal, attn_mask, scale):
     """Softmax attention in float32: (output, logsumexp over keys).
 
-    A fully masked row gives output 0 and logsumexp 0, as torch's CPU kernel does, and finite
-    gradients (the backward rule differentiates this function). Fewer key/value heads than
-    query heads (grouped-query attention) serve consecutive groups of query heads.
+    A fully masked row gives output 0 and logsumexp 0, as torch's CPU kernel does, and no
+    gradient. Fewer key/value heads than query heads (grouped-query attention) serve
+    consecutive groups of query heads.
     """
-    groups = q.shape[-3] // k.shape[-3] if q.ndim >= 3 else 1
-    if groups > 1:
-        k, v = (jnp.repeat(t, groups, axis=-3) for t in (k, v))
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = matmul(_f32(q), jnp.swapaxes(_f32(k), -1, -2)) * scale
-    if is_causal:
-        length, keys = scores.shape[-2:]
-        scores = jnp.where(jnp.tril(jnp.ones((length, keys), bool)), scores, -jnp.inf)
-    if attn_mask is not None:
-        scores = scores + _f32(attn_mask)  # torch's kernel takes float masks only
-    top = lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
+    scores = _scores(q, _heads_of(q, k), is_causal, attn_mask, scale)
+    top = jnp.max(scores, axis=-1, keepdims=True)
     top = jnp.where(jnp.isneginf(top), 0.0, top)
     weights = jnp.exp(scores - top)
     total = jnp.sum(weights, axis=-1, keepdims=True)
     empty = total == 0
     total = jnp.where(empty, 1.0, total)
     lse = jnp.where(empty, 0.0, top + jnp.log(total))[..., 0]
-    return matmul(weights / total, _f32(v)).astype(q.dtype), lse
+    return matmul(weights / total, _f32(_heads_of(q, v))).astype(q.dtype), lse
+
+
+def _attention_backward(grad, q, k, v, out, lse, is_causal, attn_mask, scale):
+    """Gradients of `_attention`'s output for q, k, v, from its saved output and logsumexp.
+
+    The weights come back as exp(scores - logsumexp): one scores dot again, no softmax
+    reductions (what a flash-attention backward does).
+    """
+    keys, values = _heads_of(q, k), _heads_of(q, v)
+    weights = jnp.exp(_scores(q, keys, is_causal, attn_mask, scale) - _f32(lse)[..., None])
+    g = _f32(grad)
+    d_weights = matmul(g, jnp.swapaxes(_f32(values), -1, -2))
+    row = jnp.sum(g * _f32(out), axis=-1, keepdims=True)
+    d_scores = weights * (d_weights - row) * _scale(q, scale)
+    dq = matmul(d_scores, _f32(keys))
+    dk = matmul(jnp.swapaxes(d_scores, -1, -2), _f32(q))
+    dv = matmul(jnp.swapaxes(weights, -1, -2), g)
+    return dq, _sum_over_groups(dk, k), _sum_over_groups(dv, v)
+
+
+def _scale(q, scale):
+    return 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+
+
+def _scores(q, keys, is_causal, attn_mask, scale):
+    """Scaled, masked scores q·k in float32; -inf where masked out."""
+    scores = matmul(_f32(q), jnp.swapaxes(_f32(keys), -1, -2)) * _scale(q, scale)
+    if is_causal:
+        length, count = scores.shape[-2:]
+        scores = jnp.where(jnp.tril(jnp.ones((length, count), bool)), scores, -jnp.inf)
+    if attn_mask is not None:
+        scores = scores + _f32(attn_mask)  # torch's kernel takes float masks only
+    return scores
+
+
+def _heads_of(q, t):
+    """Key or value heads `t` repeated to q's head count (grouped-query attention)."""
+    groups = q.shape[-3] // t.shape[-3]
+    return jnp.repeat(t, groups, axis=-3) if groups > 1 else t
+
+
+def _sum_over_groups(grad, t):
+    """The gradient of `_heads_of(q, t)` for t: each head's group of copies summed."""
+    heads = t.shape[-3]
+    if grad.shape[-3] == heads:
+        return grad
+    shape = (*grad.shape[:-3], heads, grad.shape[-3] // heads, *grad.shape[-2:])
+    return jnp.sum(grad.reshape(shape), axis=-3)
 
 
 def _no_dropout(op, dropout_p):
@@ -525,11 +564,8 @@ def flash_attention_for_cpu_backward(
     ctx, grad, q, k, v, out, lse, dropout_p, is_causal, *, attn_mask=None, scale=None
 ):
     _no_dropout(ctx.node.target, dropout_p)
-
-    def forward(q_, k_, v_):
-        return _attention(q_, k_, v_, is_causal, attn_mask, scale)[0]
-
-    return jax.vjp(forward, q, k, v)[1](grad)
+    grads = _attention_backward(grad, q, k, v, out, lse, is_causal, attn_mask, scale)
+    return _results(ctx, grads)
 
 
 # --- losses ----------------------------------------------------------------------------------
