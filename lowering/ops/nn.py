@@ -2,8 +2,9 @@
 
 Backward rules reuse their forward math through `jax.vjp` (one function per computation, no
 hand-written copies) unless torch's backward reads saved statistics (normalizations and
-attention's logsumexp) or saved indices (max pooling). 16-bit inputs are computed in float32 and cast back, as torch's CPU
-kernels do; every result's dtype is read from the node (`ctx.out`), never guessed.
+attention's logsumexp) or saved indices (max pooling). 16-bit inputs are computed in float32
+and cast back, as torch's CPU kernels do; every result's dtype is read from the node
+(`ctx.out`), never guessed.
 """
 
 from __future__ import annotations
