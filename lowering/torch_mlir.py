@@ -122,14 +122,17 @@ class _Functional(torch.fx.Interpreter):
 
 
 def _draws_random_numbers(node: torch.fx.Node) -> bool:
-    """Whether `node` draws random numbers: a seeded op, less attention without dropout (CPU
-    flash attention is tagged seeded for its dropout_p argument)."""
-    if torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ()):
+    """Whether `node` draws random numbers: an op tagged seeded, unless what is random about it
+    is a `dropout_p` argument that is 0 (attention ops are tagged for their dropout)."""
+    target = node.target
+    if torch.Tag.nondeterministic_seeded not in getattr(target, "tags", ()):
         return False
-    if node.target is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
-        dropout_p = node.kwargs.get("dropout_p", node.args[3] if len(node.args) > 3 else 0.0)
-        return dropout_p != 0
-    return True
+    arguments = target._schema.arguments
+    at = next((i for i, a in enumerate(arguments) if a.name == "dropout_p"), None)
+    if at is None:
+        return True
+    default = node.args[at] if len(node.args) > at else arguments[at].default_value
+    return node.kwargs.get("dropout_p", default) != 0
 
 
 def _stateless_graph(gm, inputs, tensor_inputs, specs, fx) -> tuple[torch.fx.GraphModule, dict]:

@@ -94,6 +94,21 @@ def test_torch_mlir_refuses_random_ops_it_would_not_seed_from_torch():
         _compile(f, lowering="torch-mlir")(torch.ones(4))
 
 
+def test_attention_draws_random_numbers_only_with_dropout():
+    """Attention ops are tagged seeded for their dropout_p: without dropout they draw nothing,
+    so the torch-mlir frontend need not refuse them."""
+    graph = torch.fx.Graph()
+    q, k, v = (graph.placeholder(name) for name in "qkv")
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    plain = graph.call_function(flash, (q, k, v))
+    zero = graph.call_function(flash, (q, k, v, 0.0))
+    dropout = graph.call_function(flash, (q, k, v, 0.1))
+    keyword = graph.call_function(flash, (q, k, v), {"dropout_p": 0.1})
+    rand = graph.call_function(torch.ops.aten.rand_like.default, (q,))
+    draws = [torch_mlir._draws_random_numbers(n) for n in (plain, zero, dropout, keyword, rand)]
+    assert draws == [False, False, True, True, True]
+
+
 @needs_torch_mlir
 def test_torch_mlir_training_step_drops_none_gradients():
     torch.manual_seed(0)
