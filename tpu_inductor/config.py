@@ -2,23 +2,41 @@
 
 `torch.compile(m, backend="tpu_inductor", options={...})` passes a dict that is validated here
 up front; defaults come from `TPU_INDUCTOR_<NAME>` environment variables, then from the field
-default. Knobs listed in `NOT_IN_CACHE_KEY` do not change what is compiled.
+default. A knob may be a small frozen record (`shapes: ShapeOptions`), given as a dict of some
+of its fields (the rest keep their defaults) or as the record itself, and checked field by field
+by the same `_check` as the scalars. An environment value that starts with `{`, `[` or `"` is
+read as JSON (a record is always a JSON object); any other is the plain form (`1`/`0`, names
+separated by commas, an integer, a text). Knobs listed in `NOT_IN_CACHE_KEY` (dotted paths for
+a record's fields) do not change what is compiled.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .exc import OptionError
 
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "device": ("auto", "tpu", "gpu", "cpu"),
-    "fallback": ("eager", "error", "torch-mlir"),
-    "lowering": ("own", "torch-mlir"),
-    "x64": ("keep", "narrow"),
-}
+
+def _knob(default: Any, *, choices: tuple[str, ...] = (), minimum: int = 0, unset: str = "") -> Any:
+    """A field's default and what `_check` allows beyond its type: `choices` for a text,
+    `minimum` for an integer, and for a path what leaving it unset means (`unset`)."""
+    return dataclasses.field(
+        default=default, metadata={"choices": choices, "minimum": minimum, "unset": unset}
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeOptions:
+    """How graphs with symbolic sizes are compiled: `options={"shapes": {"max_compiles": 8}}`."""
+
+    # Shape policy: "exact" compiles a graph once per concrete size (bucketing adds policies).
+    policy: str = _knob("exact", choices=("exact",))
+    # Concrete-size compiles kept per graph; past it the least recently used one is dropped.
+    max_compiles: int = _knob(64, minimum=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,99 +44,137 @@ class Options:
     """Validated options of one `torch.compile(..., backend="tpu_inductor")` call."""
 
     # PJRT platform to run on; "auto" picks the best present: tpu > gpu > cpu.
-    device: str = "auto"
+    device: str = _knob("auto", choices=("auto", "tpu", "gpu", "cpu"))
     # What to do with ops that have no lowering: run them in eager torch ("eager"), raise
     # ("error"), or lower their regions with torch-mlir and run in eager what it cannot either.
-    fallback: str = "eager"
+    fallback: str = _knob("eager", choices=("eager", "error", "torch-mlir"))
     # Frontend that lowers ATen graphs: our rules ("own") or torch-mlir's FX importer (optional).
-    lowering: str = "own"
+    lowering: str = _knob("own", choices=("own", "torch-mlir"))
     # 64-bit policy: "keep" computes int64/float64 as torch does; "narrow" lowers them to 32 bits.
-    x64: str = "keep"
+    x64: str = _knob("keep", choices=("keep", "narrow"))
     # Keep parameters and buffers on the device between calls, re-sent when their version changes.
     resident_params: bool = True
     # Passes to skip, by name (for bisecting a miscompile).
     disable_passes: tuple[str, ...] = ()
     # Folder to dump every compile's stages into (graphs, StableHLO, HLO, compile.json); None: off.
-    dump_dir: str | None = None
+    dump_dir: str | None = _knob(None, unset="to dump nothing")
     # Persistent compile cache on disk (executables reused across processes); off with False.
     cache: bool = True
     # Directory of the persistent cache; None: the user's cache directory (platformdirs).
-    cache_dir: str | None = None
+    cache_dir: str | None = _knob(None, unset="for the user's cache directory")
     # Size cap of the persistent cache in MiB; least recently used entries are evicted past it.
     cache_max_mb: int = 2048
+    # Symbolic sizes: the shape policy and how many concrete-size compiles a graph keeps.
+    shapes: ShapeOptions = ShapeOptions()
 
     @classmethod
     def from_user(cls, options: dict[str, Any] | None = None, mode: str | None = None) -> Options:
-        """Build Options from env defaults overridden by the user's dict; validate everything."""
+        """Build Options from env defaults overridden by the user's dict; validate everything.
+
+        A key the user gives replaces its environment variable whole (which is then not read):
+        `{"shapes": {"policy": "exact"}}` keeps the default `max_compiles`, whatever
+        `TPU_INDUCTOR_SHAPES` says."""
         if mode not in (None, "default"):
             raise OptionError(
                 f"tpu_inductor: mode={mode!r} is not supported; use mode=None or 'default' "
                 "(tune with options={...} instead)."
             )
         given = options or {}
-        values = {  # an env value the dict overrides is not read (a bad one does not matter)
-            k: (v, f"environment variable {_env_name(k)}")
-            for k, v in _env_defaults(skip=given.keys()).items()
-        }
-        for key, value in given.items():
-            if key not in _FIELDS:
-                raise OptionError(
-                    f"tpu_inductor: unknown option {key!r} (value {value!r}). "
-                    f"Allowed options: {', '.join(sorted(_FIELDS))}."
-                )
-            values[key] = (value, f"option {key!r}")
-        options = cls(**{k: _check(k, v, source) for k, (v, source) in values.items()})
+        items = [(k, v, _Where((k,), env=True)) for k, v in _env_values(skip=given).items()]
+        items += [(k, v, _Where((k,))) for k, v in given.items()]
+        options = cls(**_check_fields(cls, items, _Where(())))
         if options.x64 == "narrow" and options.lowering == "torch-mlir":
+            where = {k: w for k, _, w in items}
             raise OptionError(
-                f"tpu_inductor: {values['x64'][1]} is 'narrow' and {values['lowering'][1]} is "
+                f"tpu_inductor: {where['x64']} is 'narrow' and {where['lowering']} is "
                 "'torch-mlir': torch-mlir's importer keeps int64/float64, so nothing would be "
                 "narrowed. Use x64='keep' with lowering='torch-mlir', or lowering='own' to narrow."
             )
         return options
 
     def cache_key_entries(self) -> dict[str, Any]:
-        """The options that change compiled code, for the compile cache key."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if f.name not in NOT_IN_CACHE_KEY
-        }
+        """The options that change compiled code, for the compile cache key: keys sorted, each
+        record a plain dict of its own such fields (so the whole is JSON-able)."""
+        return _key_entries(self, "")
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(Options)}
+# Knobs that never change the compiled program; a record's fields as "knob.field".
+NOT_IN_CACHE_KEY = frozenset(
+    {"resident_params", "cache", "cache_dir", "cache_max_mb", "dump_dir", "shapes.max_compiles"}
+)
 
-# Knobs that never change the compiled program.
-NOT_IN_CACHE_KEY = frozenset({"resident_params", "cache", "cache_dir", "cache_max_mb", "dump_dir"})
+
+@dataclasses.dataclass(frozen=True)
+class _Where:
+    """Where a value came from, for errors: its key path and whether the environment gave it."""
+
+    path: tuple[str, ...]
+    env: bool = False
+
+    def child(self, key: Any) -> _Where:
+        return _Where((*self.path, str(key)), self.env)
+
+    def __str__(self) -> str:
+        key = ".".join(self.path)
+        if not self.env:
+            return f"option {key!r}"
+        variable = f"environment variable {_env_name(self.path[0])}"
+        return variable if len(self.path) == 1 else f"option {key!r} from {variable}"
 
 
-# What leaving each path option unset means (an empty path is an error, not that).
-_UNSET_PATH = {"cache_dir": "for the user's cache directory", "dump_dir": "to dump nothing"}
+def _is_record(f: dataclasses.Field) -> bool:
+    return dataclasses.is_dataclass(f.default)
+
+
+def _key_entries(record: Any, prefix: str) -> dict[str, Any]:
+    entries = {}
+    for f in sorted(dataclasses.fields(record), key=lambda f: f.name):
+        path = prefix + f.name
+        if path not in NOT_IN_CACHE_KEY:
+            value = getattr(record, f.name)
+            entries[f.name] = _key_entries(value, path + ".") if _is_record(f) else value
+    return entries
 
 
 def _env_name(name: str) -> str:
     return f"TPU_INDUCTOR_{name.upper()}"
 
 
-def _env_defaults(skip=()) -> dict[str, Any]:
+def _env_values(skip: Iterable[str] = ()) -> dict[str, Any]:
     """The options set by `TPU_INDUCTOR_<NAME>` environment variables, but those in `skip`."""
     values: dict[str, Any] = {}
-    for name in (n for n in _FIELDS if n not in skip):
-        raw = os.environ.get(_env_name(name))
+    for f in dataclasses.fields(Options):
+        raw = None if f.name in skip else os.environ.get(_env_name(f.name))
         if raw is not None:
-            values[name] = _parse_env(name, raw)
+            values[f.name] = _parse_env(f, raw)
     return values
 
 
-def _parse_env(name: str, raw: str) -> Any:
-    kind = _FIELDS[name].type
+def _parse_env(f: dataclasses.Field, raw: str) -> Any:
+    """The value the text of `f`'s environment variable stands for (validated later)."""
+    variable, kind, text = _env_name(f.name), f.type, raw.strip()
+    if _is_record(f) or text[:1] in ("{", "[", '"'):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise OptionError(
+                f"tpu_inductor: environment variable {variable}={raw!r} is not valid JSON ({e}); "
+                f"{_env_form(f)}."
+            ) from None
+        if _is_record(f) and not isinstance(value, dict):
+            raise OptionError(
+                f"tpu_inductor: environment variable {variable}={raw!r} is not a JSON object; "
+                f"{_env_form(f)}."
+            )
+        return value
     if kind == "bool":
-        lowered = raw.strip().lower()
+        lowered = text.lower()
         if lowered in ("1", "true", "yes", "on"):
             return True
         if lowered in ("0", "false", "no", "off"):
             return False
         raise OptionError(
-            f"tpu_inductor: environment variable {_env_name(name)}={raw!r} is not a "
+            f"tpu_inductor: environment variable {variable}={raw!r} is not a "
             "boolean; use 1/0, true/false, yes/no or on/off."
         )
     if kind.startswith("tuple"):
@@ -128,19 +184,59 @@ def _parse_env(name: str, raw: str) -> Any:
             return int(raw)
         except ValueError:
             raise OptionError(
-                f"tpu_inductor: environment variable {_env_name(name)}={raw!r} is not an integer."
+                f"tpu_inductor: environment variable {variable}={raw!r} is not an integer."
             ) from None
     return raw
 
 
-def _check(name: str, value: Any, source: str) -> Any:
-    """`value` of option `name`, validated; `source` names where it came from, for errors."""
-    kind = _FIELDS[name].type
-    if name in _CHOICES:
-        if value not in _CHOICES[name]:
+def _env_form(f: dataclasses.Field) -> str:
+    """What the environment variable of `f` should hold, with an example."""
+    if _is_record(f):
+        example = json.dumps(dataclasses.asdict(f.default), sort_keys=True)
+        keys = ", ".join(sorted(x.name for x in dataclasses.fields(f.default)))
+        return f"give a JSON object with keys among {keys}, e.g. {_env_name(f.name)}='{example}'"
+    if f.type.startswith("tuple"):
+        return "give a JSON list of names, e.g. '[\"cleanup\"]', or names separated by commas"
+    return 'give the plain value, or valid JSON (a text starting with {, [ or " is read as JSON)'
+
+
+def _check_fields(cls: type, items: Iterable[tuple[Any, Any, _Where]], parent: _Where) -> dict:
+    """The (key, value, where) items for fields of the record `cls`, each validated."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    checked = {}
+    for key, value, where in items:
+        if key not in fields:
+            allowed = (
+                f"Allowed keys of {'.'.join(parent.path)!r}" if parent.path else "Allowed options"
+            )
             raise OptionError(
-                f"tpu_inductor: {source} has value {value!r}; "
-                f"allowed values: {', '.join(map(repr, _CHOICES[name]))}."
+                f"tpu_inductor: unknown {where} (value {value!r}). "
+                f"{allowed}: {', '.join(sorted(fields))}."
+            )
+        checked[key] = _check(fields[key], value, where)
+    return checked
+
+
+def _check(f: dataclasses.Field, value: Any, where: _Where) -> Any:
+    """`value` of field `f`, validated; `where` names where it came from, for errors."""
+    kind, choices = f.type, f.metadata.get("choices")
+    if _is_record(f):
+        record = type(f.default)
+        if isinstance(value, record):
+            value = {x.name: getattr(value, x.name) for x in dataclasses.fields(record)}
+        if not isinstance(value, Mapping):
+            keys = ", ".join(sorted(x.name for x in dataclasses.fields(record)))
+            raise OptionError(
+                f"tpu_inductor: {where} must be a dict with keys among {keys} (unset ones keep "
+                f"their defaults) or a {record.__name__}, got {value!r}."
+            )
+        items = ((k, v, where.child(k)) for k, v in value.items())
+        return record(**_check_fields(record, items, where))
+    if choices:
+        if value not in choices:
+            raise OptionError(
+                f"tpu_inductor: {where} has value {value!r}; "
+                f"allowed values: {', '.join(map(repr, choices))}."
             )
         return value
     if kind == "bool":
@@ -148,26 +244,26 @@ def _check(name: str, value: Any, source: str) -> Any:
             return bool(value)
         if not isinstance(value, bool):
             raise OptionError(
-                f"tpu_inductor: {source} must be True or False (or 1 or 0), got {value!r}."
+                f"tpu_inductor: {where} must be True or False (or 1 or 0), got {value!r}."
             )
         return value
     if kind.startswith("tuple"):
-        if isinstance(value, str) or not all(isinstance(v, str) for v in value):
-            raise OptionError(f"tpu_inductor: {source} must be a list of names, got {value!r}.")
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise OptionError(f"tpu_inductor: {where} must be a list of names, got {value!r}.")
         return tuple(value)
     if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise OptionError(
-                f"tpu_inductor: {source} must be a non-negative integer, got {value!r}."
-            )
+        minimum = f.metadata.get("minimum", 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            allowed = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
+            raise OptionError(f"tpu_inductor: {where} must be {allowed}, got {value!r}.")
         return value
     if kind == "str | None":
         if value is not None and not isinstance(value, (str, os.PathLike)):
-            raise OptionError(f"tpu_inductor: {source} must be a path or None, got {value!r}.")
+            raise OptionError(f"tpu_inductor: {where} must be a path or None, got {value!r}.")
         if value is not None and not os.fspath(value):
             raise OptionError(
-                f"tpu_inductor: {source} is an empty path; give a directory, or leave it unset "
-                f"{_UNSET_PATH[name]}."
+                f"tpu_inductor: {where} is an empty path; give a directory, or leave it unset "
+                f"{f.metadata['unset']}."
             )
         return None if value is None else os.fspath(value)
-    raise AssertionError(f"unhandled option type {kind} for {name}")  # a bug in this module
+    raise AssertionError(f"unhandled option type {kind} for {where}")  # a bug in this module
