@@ -1,32 +1,67 @@
-"""Test session setup: private, empty cache directories (ours and torch's) for the whole run,
-and property tests that draw the same examples on every run (a CI run is reproducible)."""
+"""Test session setup: each test is independent of the others and of the order they run in.
+
+- Caches: every test gets private, empty cache directories (ours and torch's, which holds
+  AOTAutogradCache entries that refer to ours): an entry one test wrote can never make another
+  test's compile a cache hit that skips the lowering it means to check.
+- Randomness: torch's global generator is seeded per test from the test's id and put back
+  afterwards, so a test draws the same numbers whatever ran before it (no module-level seeding).
+- Property tests: hypothesis draws the same examples on every run (a CI run is reproducible),
+  different ones per test (the seed derives from each test).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+import zlib
 
 import pytest
+import torch
 from hypothesis import settings
 
 settings.register_profile("reproducible", derandomize=True)
 settings.load_profile("reproducible")
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _private_cache_dir():
-    """Keep the suite out of the user's cache (and the user's cache out of the suite)."""
-    with tempfile.TemporaryDirectory(prefix="tpu-inductor-test-cache-") as path:
+_CACHE_VARIABLES = ("TPU_INDUCTOR_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+
+
+@contextlib.contextmanager
+def _private_dirs(prefix: str):
+    """A private, empty folder named in both cache variables for the block, put back after."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as path:
         os.chmod(path, 0o700)
-        settings = {  # torch's holds AOTAutogradCache entries, which refer to ours
-            "TPU_INDUCTOR_CACHE_DIR": path,
-            "TORCHINDUCTOR_CACHE_DIR": os.path.join(path, "torch"),
-        }
-        previous = {name: os.environ.get(name) for name in settings}
-        os.environ.update(settings)
+        previous = {name: os.environ.get(name) for name in _CACHE_VARIABLES}
+        os.environ.update(dict(zip(_CACHE_VARIABLES, (path, os.path.join(path, "torch")))))
+        try:
+            yield path
+        finally:
+            for name, value in previous.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_cache_dir():
+    """The caches of session- and module-scoped fixtures: never the user's own."""
+    with _private_dirs("tpu-inductor-test-session-") as path:
         yield path
-        for name, value in previous.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+
+
+@pytest.fixture(autouse=True)
+def _private_cache_dir(_session_cache_dir):
+    """Each test's own caches: another test's entries can never make its compile a hit."""
+    with _private_dirs("tpu-inductor-test-") as path:
+        yield path
+
+
+@pytest.fixture(autouse=True)
+def _seeded_torch(request):
+    """torch's global generator seeded from the test's id, its earlier state restored after."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+    yield
+    torch.random.set_rng_state(state)

@@ -10,11 +10,17 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from tpu_inductor.compile_fx import compile_graph
 from tpu_inductor.config import Options
 
+# Every op through our lowering: with eager fallback, a rule that went missing would still pass.
+STRICT = {"fallback": "error"}
+
 
 def compile_aten(fn: Callable, args: Sequence, options: dict | None = None) -> Callable:
-    """Trace `fn` to an ATen graph (make_fx, no Dynamo) and compile it; returns f(*args)."""
+    """Trace `fn` to an ATen graph (make_fx, no Dynamo) and compile it; returns f(*args).
+
+    Ops without a rule are an error unless `options` says otherwise ({"fallback": "eager"}).
+    """
     gm = make_fx(fn, tracing_mode="fake")(*args)
-    compiled = compile_graph(gm, list(args), Options.from_user(options))
+    compiled = compile_graph(gm, list(args), Options.from_user({**STRICT, **(options or {})}))
     return lambda *call_args: _unflatten(fn, args, compiled(list(call_args)))
 
 

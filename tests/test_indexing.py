@@ -13,8 +13,6 @@ from tpu_inductor.lowering import registry
 from tests.helpers import check_against_eager, compile_aten
 from tpu_inductor.exc import UnsupportedOpError
 
-torch.manual_seed(0)
-
 
 def _x(*shape, dtype=torch.float32):
     if dtype.is_floating_point:
@@ -154,6 +152,26 @@ def test_masked_fill(dtype):
     check_against_eager(lambda x, m, v: torch.masked_fill(x, m, v), x, mask, I(value, dtype=dtype))
     if dtype != torch.bool:  # a float value is cast to the input's dtype
         check_against_eager(lambda x, m: x.masked_fill(m, 3.7), x, mask)
+
+
+def test_masked_fill_keeps_values_float32_cannot_hold():
+    """The fill value reaches the result at the input's own dtype: int64 past 2**24 and 2**53
+    (2**40 + 1 through float32 would come back 2**40), float64 fractions float32 rounds."""
+    mask = I([True, False, True, True])
+    cases = [
+        (torch.arange(4) * 2**40, [2**40 + 1, 2**53 + 1, -(2**62) - 3, 2**24 + 1]),
+        (torch.linspace(0, 1, 4, dtype=torch.float64), [0.1, 1 / 3, 1e300, 2**60 + 2**8]),
+        (torch.arange(4, dtype=torch.int32) * 2**20, [2**24 + 1, 2**31 - 1]),
+    ]
+    for x, values in cases:
+        fills = {f"{v}": lambda x, m, v=v: torch.masked_fill(x, m, v) for v in values}
+        fills |= {
+            f"tensor {v}": lambda x, m, v=v: x.masked_fill(m, I(v, dtype=x.dtype)) for v in values
+        }
+        graph = lambda x, m, fills=fills: tuple(f(x, m) for f in fills.values())  # noqa: E731
+        got = compile_aten(graph, (x, mask))(x, mask)
+        for (name, fill), result in zip(fills.items(), got):
+            assert torch.equal(result, fill(x, mask)), (name, result, fill(x, mask))
 
 
 def test_masked_fill_broadcasts_the_input():

@@ -125,6 +125,69 @@ def test_unary_edge_values():
         check_many_against_eager(fns, x, tolerance=_tol)
 
 
+# Integers past float32's 2**24 and float64's 2**53, int64's extremes, and small ones.
+BIG_INTS = [0, 1, -1, 7, -7, 2**24 + 1, -(2**31), 2**40 + 3, 2**53 + 1, -(2**62), 2**63 - 1]
+# float64 values that float32 rounds (or cannot hold at all) beside the float edge values;
+# no subnormals: XLA:CPU flushes them to zero (README, Limits).
+FLOAT64_VALUES = [0.1, 1 / 3, 1e300, -1e-300, 2**53 + 2.0, 2**60 + 2.0**8] + EDGE_VALUES
+# float64 results agree to a few ulps: a result that went through float32 is off by ~1e-8.
+FLOAT64_TOL = (1e-13, 1e-14)
+
+
+def _pairs(values, dtype):
+    """Every (a, b) pair of `values` as two flat tensors (len(values)**2 elements each)."""
+    v = torch.tensor(values, dtype=dtype)
+    return v.repeat_interleave(len(values)), v.repeat(len(values))
+
+
+def _edge_tol(name: str, dtype: torch.dtype) -> dict:
+    rtol, atol = FLOAT64_TOL if dtype == torch.float64 else (None, None)
+    return _tol(name, dtype) if rtol is None else {"rtol": rtol, "atol": atol}
+
+
+def test_binary_edge_values():
+    """Every pair of edge values through every binary op and comparison: NaN, ±inf, -0.0,
+    zero divisors, tiny and huge operands; float64 values float32 cannot hold, kept to a few
+    ulps; int64 past 2**24 and 2**53 exactly (integer division by zero raises in torch, so
+    the integer dividing ops get nonzero divisors)."""
+    for dtype, values in (
+        (torch.float32, EDGE_VALUES),
+        (torch.bfloat16, EDGE_VALUES),
+        (torch.float64, FLOAT64_VALUES),
+        (torch.int64, BIG_INTS),
+    ):
+        a, b = _pairs(values, dtype)
+        nonzero = torch.where(b == 0, torch.ones((), dtype=dtype), b)
+        fns = {}
+        for n, f in {**BINARY, **{f"cmp_{n}": f for n, f in COMPARE.items()}}.items():
+            if _accepts(
+                "compare" if n.startswith("cmp_") else "binary",
+                n.removeprefix("cmp_"),
+                dtype,
+                dtype,
+            ):
+                integer_division = n in DIVIDES and not dtype.is_floating_point
+                fns[n] = lambda a, b, nz, f=f, i=integer_division: f(a, nz if i else b)
+        for n in ("fmod", "remainder") if dtype.is_floating_point else ():
+            fns[n] = lambda a, b, nz, f=BINARY[n]: f(a, _finite_quotient_divisors(a, b))
+        check_many_against_eager(fns, a, b, nonzero, tolerance=_edge_tol)
+
+
+def _finite_quotient_divisors(a, b):
+    """b, with 1 where a / b overflows: there eager's vectorized CPU fmod and remainder
+    (a - trunc(a / b) * b) return NaN for fmod(1e30, 1e-30), ours the exact remainder (numpy's)."""
+    return torch.where((a / b).isinf() & a.isfinite() & (b != 0), torch.ones((), dtype=b.dtype), b)
+
+
+def test_unary_edge_values_of_64_bit_values():
+    """float64 values float32 cannot hold (kept to a few ulps) and int64 past 2**53, exactly."""
+    for dtype, values in ((torch.float64, FLOAT64_VALUES), (torch.int64, BIG_INTS)):
+        x = torch.tensor(values, dtype=dtype)
+        fns = {n: f for n, f in UNARY.items() if _accepts("unary", n, dtype)}
+        fns = {n: _finite_only(f) if n in FINITE_ONLY else f for n, f in fns.items()}
+        check_many_against_eager(fns, x, tolerance=_edge_tol)
+
+
 def _finite_only(fn):
     return lambda x: fn(torch.where(x.isinf(), torch.zeros((), dtype=x.dtype), x))
 

@@ -114,6 +114,22 @@ def test_whole_tensor_reductions(shape, dtype, seed):
     check_many_against_eager(fns, x, tolerance=_tol)
 
 
+def test_index_reductions_return_the_first_of_tied_values():
+    """max.dim, min.dim, argmax and argmin pick the first index among equal values (NaNs
+    included), as torch does: a rule that picks the last one is wrong on every tie."""
+    nan = float("nan")
+    rows = torch.tensor([[3, 1, 1, 3], [2, 2, 2, 2], [0, 5, 0, 5], [-7, 4, 4, -7]])
+    inputs = [rows.to(dtype) for dtype in (torch.int64, torch.float32, torch.bfloat16, torch.bool)]
+    inputs.append(torch.tensor([[nan, 1.0, nan], [2.0, nan, nan], [1.0, 1.0, 0.0]]))
+    fns = {}
+    for d, keepdim in ((1, False), (0, True), (-1, True)):
+        for name, fn in _along_dim(d, keepdim).items():
+            for i, x in enumerate(inputs):
+                if name in ("argmax", "argmin", "max_dim", "min_dim") and eager_accepts(fn, x):
+                    fns[f"{name}_{d}_{i}"] = lambda *xs, fn=fn, i=i: fn(xs[i])
+    check_many_against_eager(fns, *inputs, tolerance=lambda name, dtype: _tol("", dtype))
+
+
 def test_nan_propagates():
     x = torch.tensor([[1.0, float("nan"), 3.0], [4.0, 5.0, -1.0]])
     fns = _over_dims([1], False) | _along_dim(1, False) | WHOLE

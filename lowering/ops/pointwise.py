@@ -6,6 +6,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from torch._ops import ops
 
@@ -90,7 +91,6 @@ _BINARY = {
     aten.fmin: jnp.fmin,
     aten.hypot: jnp.hypot,
     aten.copysign: jnp.copysign,
-    aten.nextafter: jnp.nextafter,
     aten.logical_and: jnp.logical_and,
     aten.logical_or: jnp.logical_or,
     aten.logical_xor: jnp.logical_xor,
@@ -193,9 +193,30 @@ def pow_(a, b):
         return jnp.power(a, b)
     # torch: an integer to a negative power is 1/a truncated (0 unless a is 1 or -1).
     negative = b < 0
-    powered = jnp.power(a, jnp.where(negative, jnp.zeros((), b.dtype), b))
+    powered = _integer_power(a, jnp.where(negative, jnp.zeros((), b.dtype), b))
     inverse = jnp.where(jnp.abs(a) == 1, jnp.where(b % 2 == 0, jnp.ones((), a.dtype), a), 0)
     return jnp.where(negative, inverse.astype(a.dtype), powered)
+
+
+def _integer_power(a, b):
+    """a ** b for integers b >= 0, squaring over every bit of b and wrapping as torch does
+    (jnp.power reads only b's low 6 bits: 7 ** (2**24 + 1) came back 7). A constant b takes
+    as many steps as it has bits."""
+    steps = jnp.iinfo(b.dtype).bits - 1  # b >= 0: its sign bit is clear
+    if not isinstance(b, jax.core.Tracer):
+        steps = int(np.max(np.asarray(b), initial=0)).bit_length()
+    result = jnp.ones_like(a)
+    for _ in range(steps):
+        result = jnp.where((b & 1) == 1, result * a, result)
+        a, b = a * a, b >> 1
+    return result
+
+
+@register_lowering(aten.nextafter, needs_ctx=True)
+def nextafter(ctx, a, b):
+    """The next value after `a` toward `b` in the result's own dtype: a 16-bit float steps by
+    its own ulp (computed in float32 and rounded back, nextafter(1, 2) would stay 1)."""
+    return jnp.nextafter(cast(a, ctx.out_dtype), cast(b, ctx.out_dtype))
 
 
 @elementwise(aten.round.default)
