@@ -2,4 +2,45 @@
 
 Knows nothing of the backend, the cache or the runtime. Importing it is cheap: jax is imported
 and the rules are registered the first time a rule table is needed (`registry.load_rules`).
+
+Its public face, what the rest of tpu_inductor uses (nothing outside imports a submodule's
+private names):
+
+- what is supported: `supported(node, platform)`, `computes(node)`, `takes_traced_scalars`,
+  `registered_ops()`, `core_aten_coverage()`, `register_lowering` (rules of one's own);
+- what is missing: `missing_ops(gm, platform)`, `op_name(target)`, `source_line(node)`;
+- lower: `lower(gm, inputs, ...)` → `LoweredModule` (with `TensorSpec`, `OutputSlot`,
+  `Shardings`), `flat_outputs(gm)`; `torch_mlir` is the second frontend;
+- `dense_dim_order(sizes, strides)`: the dim order of a dense strided layout.
 """
+
+from .interpreter import missing_ops, op_name, source_line
+from .layout import dense_dim_order
+from .python_targets import computes
+from .registry import (
+    core_aten_coverage,
+    register_lowering,
+    registered_ops,
+    supported,
+    takes_traced_scalars,
+)
+from .stablehlo import LoweredModule, OutputSlot, Shardings, TensorSpec, flat_outputs, lower
+
+__all__ = [
+    "LoweredModule",
+    "OutputSlot",
+    "Shardings",
+    "TensorSpec",
+    "computes",
+    "core_aten_coverage",
+    "dense_dim_order",
+    "flat_outputs",
+    "lower",
+    "missing_ops",
+    "op_name",
+    "register_lowering",
+    "registered_ops",
+    "source_line",
+    "supported",
+    "takes_traced_scalars",
+]

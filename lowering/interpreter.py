@@ -5,14 +5,18 @@ every result is checked against `node.meta["val"]` (rank, static dims, dtype und
 policy): a rule that gets type promotion or shapes wrong fails here, naming the node, its ATen
 op and the user's source line, instead of computing a silently wrong answer.
 
-Symbolic sizes (SymInt placeholders, `aten.sym_size`, `operator.mul` on sizes) are evaluated
-in Python on the concrete values this graph is being specialized for.
+Size arithmetic (`aten.sym_size`, `operator.mul` on sizes, `torch._check`s) is evaluated in
+Python (python_targets.py): the graph's sizes are concrete by the time it is lowered.
+
+A random op's key is folded from the per-call seed by the op's stream, which the pass pipeline
+stamps on every node before any pass runs (`meta["rng_stream"]`, the node's name then; a graph
+lowered without the pipeline uses the node's name): a pass that inserts or removes nodes, or a
+disabled pass, leaves torch.manual_seed's streams as they were.
 """
 
 from __future__ import annotations
 
-import math
-import operator
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,73 +25,9 @@ from torch._ops import OpOverload
 
 from ..exc import LoweringError, UnsupportedOpError
 from . import dtypes, registry
+from .python_targets import INTERPRETER_TARGETS, PYTHON_TARGETS
 
 aten = torch.ops.aten
-
-
-def _make_token():
-    """An effect token (threaded through `with_effects` nodes; carries no data)."""
-    import jax.numpy as jnp
-
-    return jnp.zeros((0,), jnp.float32)
-
-
-def _assert_scalar(condition, message) -> None:
-    """`torch._check` on sizes, for the sizes being compiled: a no-op where it holds."""
-    if condition is not True and condition is not False:
-        raise LoweringError(f"a runtime assertion on a traced value cannot be checked: {message}")
-    if not condition:
-        raise LoweringError(
-            f"a runtime assertion fails for these inputs' sizes: {message} (eager torch raises "
-            "it too: call the model with inputs that satisfy it)"
-        )
-
-
-# Targets the interpreter evaluates itself: size arithmetic and checks, tuple access, effect tokens.
-_PYTHON_TARGETS: dict[Any, Callable] = {
-    operator.getitem: operator.getitem,
-    operator.add: operator.add,
-    operator.sub: operator.sub,
-    operator.mul: operator.mul,
-    operator.truediv: operator.truediv,
-    operator.floordiv: operator.floordiv,
-    operator.mod: operator.mod,
-    operator.neg: operator.neg,
-    operator.pow: operator.pow,
-    operator.eq: operator.eq,
-    operator.ne: operator.ne,
-    operator.lt: operator.lt,
-    operator.le: operator.le,
-    operator.gt: operator.gt,
-    operator.ge: operator.ge,
-    math.ceil: math.ceil,
-    math.floor: math.floor,
-    math.sqrt: math.sqrt,
-    math.trunc: math.trunc,
-    torch.sym_int: int,
-    torch.sym_float: float,
-    torch.sym_max: max,
-    torch.sym_min: min,
-    torch.sym_sum: sum,
-    torch.sym_not: operator.not_,
-    torch.sym_ite: lambda condition, a, b: a if condition else b,
-    aten.sym_size.int: lambda x, dim: x.shape[dim],
-    aten.sym_numel.default: lambda x: math.prod(x.shape),
-    aten.sym_stride.int: lambda x, dim: _contiguous_strides(x.shape)[dim],
-    aten.sym_storage_offset.default: lambda x: 0,
-    aten._assert_scalar.default: _assert_scalar,
-    torch.ops.prims._make_token.default: _make_token,
-    torch.ops.prims._sink_tokens.default: lambda tokens: None,
-}
-INTERPRETER_TARGETS = frozenset(_PYTHON_TARGETS) | {aten.copy_.default}
-
-
-def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for size in reversed(shape):
-        strides.append(acc)
-        acc *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 def source_line(node: torch.fx.Node) -> str:
@@ -162,7 +102,7 @@ class LoweringContext:
             raise LoweringError(
                 f"{self.node.target} uses randomness but was registered without uses_rng=True"
             )
-        return self._rng(_node_index(self.node))
+        return self._rng(rng_stream(self.node))
 
 
 def _promotion_value(arg):
@@ -180,13 +120,9 @@ def _promotion_value(arg):
     return None
 
 
-def _node_index(node: torch.fx.Node) -> int:
-    index = node.meta.get("_tpu_inductor_index")
-    if index is None:
-        for i, n in enumerate(node.graph.nodes):
-            n.meta["_tpu_inductor_index"] = i
-        index = node.meta["_tpu_inductor_index"]
-    return index
+def rng_stream(node: torch.fx.Node) -> int:
+    """The number a random node's key is folded in by: a digest of its stream name."""
+    return zlib.crc32(str(node.meta.get("rng_stream", node.name)).encode()) & 0x7FFFFFFF
 
 
 def missing_ops(gm: torch.fx.GraphModule, platform: str | None = None) -> dict[str, list[str]]:
@@ -267,8 +203,8 @@ class GraphRunner:
         import jax
 
         target = node.target
-        if target in _PYTHON_TARGETS:
-            return _PYTHON_TARGETS[target](*args, **kwargs)
+        if target in PYTHON_TARGETS:
+            return PYTHON_TARGETS[target](*args, **kwargs)
         rule = _rule_of(node, self.platform)
         if rule is None:
             raise UnsupportedOpError(

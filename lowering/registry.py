@@ -21,6 +21,7 @@ import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
 from ..exc import RegistrationError
+from .python_targets import INTERPRETER_TARGETS
 
 RULE_MODULES = (
     "pointwise",
@@ -126,8 +127,6 @@ def node_op(node: torch.fx.Node):
 
 def supported(node: torch.fx.Node, platform: str | None = None) -> bool:
     """Whether the interpreter can lower this call_function node (the partitioner asks)."""
-    from .interpreter import INTERPRETER_TARGETS
-
     if node.op != "call_function":
         return False
     if node.target in INTERPRETER_TARGETS:
@@ -137,6 +136,13 @@ def supported(node: torch.fx.Node, platform: str | None = None) -> bool:
     if rule is None or (rule.supports is not None and not _rule_supports(rule, node)):
         return False
     return _values_supported(node)
+
+
+def takes_traced_scalars(node: torch.fx.Node, platform: str | None = None) -> bool:
+    """Whether the node's rule takes a traced 0-d value where the op has a scalar argument
+    (rules marked with `ops.common.takes_traced_scalars`)."""
+    rule = lookup(node.target, platform) if isinstance(node.target, OpOverload) else None
+    return rule is not None and getattr(rule.fn, "takes_traced_scalars", False)
 
 
 def _rule_supports(rule: Rule, node: torch.fx.Node) -> bool:
@@ -176,8 +182,6 @@ def core_aten_ops() -> list[OpOverload]:
 
 def core_aten_coverage() -> tuple[list[OpOverload], list[OpOverload]]:
     """(covered, missing) core ATen overloads (a rule, or evaluated by the interpreter)."""
-    from .interpreter import INTERPRETER_TARGETS
-
     core = core_aten_ops()
     covered = [op for op in core if op in INTERPRETER_TARGETS or lookup(op) is not None]
     return covered, [op for op in core if op not in covered]

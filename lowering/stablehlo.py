@@ -1,8 +1,9 @@
 """`lower(gm, inputs, ...) -> LoweredModule`: an ATen FX graph as a StableHLO module.
 
 The graph is evaluated by the interpreter inside `jax.jit(...).trace(...)`, for the concrete
-input shapes given (SymInt inputs are specialized to their values, or passed as 0-d tensors when
-they are values only: `scalar_inputs`), and lowered for one PJRT platform. The LoweredModule
+input shapes given (the graph's sizes are concrete: the shape pass specialized it; integer
+inputs that are values only are passed as 0-d tensors: `scalar_inputs`), and lowered for one
+PJRT platform. A symbolic size that reaches `lower` is a SymbolicSizeError naming the node. The LoweredModule
 says how to call the module and rebuild torch's outputs: which graph inputs are tensors, what
 each graph output is (a module result, an input, a view of a result, or a Python value), which
 inputs the graph mutates, and whether it takes a per-call random seed.
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..exc import LoweringError
+from ..exc import LoweringError, SymbolicSizeError
 from . import dtypes
 from .interpreter import GraphRunner, flatten
 
@@ -55,6 +56,24 @@ class Shardings:
 
     axes: tuple[tuple[str, int], ...]
     inputs: tuple[tuple[str | None, ...], ...]
+
+    def named(self, devices: Sequence[Any] = ()) -> tuple[Any, ...]:
+        """jax shardings of the tensor arguments, then of one replicated value (the seed, the
+        results): over `devices` in row-major order, or over an abstract mesh (no devices
+        needed to lower) when none are given. The one place a jax mesh is built."""
+        import numpy as np
+        from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
+
+        names = tuple(name for name, _ in self.axes)
+        sizes = tuple(size for _, size in self.axes)
+        if devices:
+            mesh = Mesh(np.array(devices, dtype=object).reshape(sizes), names)
+        else:
+            mesh = AbstractMesh(sizes, names)
+        return (
+            *(NamedSharding(mesh, PartitionSpec(*spec)) for spec in self.inputs),
+            NamedSharding(mesh, PartitionSpec()),
+        )
 
 
 @dataclasses.dataclass
@@ -106,20 +125,18 @@ def lower(
     scalar_inputs: frozenset[int] = frozenset(),
     shardings: Shardings | None = None,
 ) -> LoweredModule:
-    """Lower `gm` for `inputs` (tensors or fake tensors, and concrete ints) on `platform`.
+    """Lower `gm`, a graph whose sizes are concrete (the shape pass made them so), for `inputs`
+    (tensors or fake tensors, and ints) on `platform`.
 
-    `scalar_inputs`: positions of SymInt inputs given as 0-d int64 tensors, module arguments
-    (see `specialize.value_only_integer_inputs`). `shardings`: split the tensor inputs over a
-    device mesh (None: one device).
+    `scalar_inputs`: positions of integer inputs given as 0-d int64 tensors, module arguments
+    (the shape pass finds them: `passes.shapes.value_only_integer_inputs`). `shardings`: split
+    the tensor inputs over a device mesh (None: one device).
     """
     import jax
 
-    from . import specialize
     from .prng import threefry_unrolled
 
-    if specialize.is_symbolic(gm):
-        values = [int(v) if i in scalar_inputs else v for i, v in enumerate(inputs)]
-        gm = specialize.with_concrete_sizes(gm, values)
+    require_concrete(gm)
     runner = GraphRunner(gm, x64=x64, platform=platform)
     tensor_inputs, specs = tensor_input_specs(inputs)
     passed_through = _passed_through_inputs(gm, tensor_inputs)
@@ -198,19 +215,30 @@ def lower(
     )
 
 
+def require_concrete(gm: torch.fx.GraphModule) -> None:
+    """A SymbolicSizeError naming the first node whose metadata holds a symbolic size."""
+    from .interpreter import source_line
+
+    for node in gm.graph.nodes:
+        for value in flatten(node.meta.get("val")):
+            sizes = value.shape if isinstance(value, torch.Tensor) else (value,)
+            if any(isinstance(d, (torch.SymInt, torch.SymFloat, torch.SymBool)) for d in sizes):
+                raise SymbolicSizeError(
+                    f"node {node.name} ({node.target}, {source_line(node)}) has a symbolic size "
+                    f"or value ({value}): lowering takes graphs whose sizes are concrete. "
+                    "Specialize the graph first (passes.shapes.concretize), as compile_fx does."
+                )
+
+
 def _jit_shardings(shardings: Shardings | None, uses_rng: bool) -> dict[str, Any]:
     """jax.jit's in/out shardings over an abstract mesh (no devices needed to lower): the seed,
     if any, and the results replicated."""
     if shardings is None:
         return {}
-    from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
-
-    names = tuple(name for name, _ in shardings.axes)
-    mesh = AbstractMesh(tuple(size for _, size in shardings.axes), names)
-    inputs = [NamedSharding(mesh, PartitionSpec(*spec)) for spec in shardings.inputs]
+    *inputs, replicated = shardings.named()
     if uses_rng:
-        inputs.insert(0, NamedSharding(mesh, PartitionSpec()))
-    return {"in_shardings": tuple(inputs), "out_shardings": NamedSharding(mesh, PartitionSpec())}
+        inputs.insert(0, replicated)
+    return {"in_shardings": tuple(inputs), "out_shardings": replicated}
 
 
 def _passed_through_inputs(gm, tensor_inputs) -> list[int | None]:

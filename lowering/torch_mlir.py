@@ -25,9 +25,14 @@ from typing import Any
 import torch
 
 from ..exc import FrontendUnavailableError, LoweringError
-from . import specialize
 from .interpreter import flatten
-from .stablehlo import LoweredModule, OutputSlot, TensorSpec, tensor_input_specs
+from .stablehlo import (
+    LoweredModule,
+    OutputSlot,
+    TensorSpec,
+    require_concrete,
+    tensor_input_specs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +75,7 @@ def lower(
             f"same stream in every process): {seeded}. Lower graphs with random ops with our "
             "rules (the default lowering)."
         )
-    if specialize.is_symbolic(gm):
-        gm = specialize.with_concrete_sizes(gm, inputs)
+    require_concrete(gm)
     tensor_inputs, specs = tensor_input_specs(inputs)
     try:
         graph, structure = _stateless_graph(gm, inputs, tensor_inputs, specs, fx)

@@ -10,9 +10,9 @@ every input mutation (`copy_` into a placeholder is impure and stays) and `node.
 
 from __future__ import annotations
 
-import collections
-
 import torch
+
+from .context import PassContext
 
 aten = torch.ops.aten
 
@@ -22,7 +22,8 @@ _NOOP_ALIASES = (aten.alias.default, aten.lift_fresh_copy.default)
 _METADATA_ASSERTS = (aten._assert_tensor_metadata.default,)
 
 
-def run(gm: torch.fx.GraphModule, rewrites: collections.Counter) -> torch.fx.GraphModule:
+def run(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
+    rewrites = ctx.rewrites
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target in _NOOP_ALIASES:
             node.replace_all_uses_with(node.args[0])

@@ -1,20 +1,38 @@
-"""The ordered pass pipeline: run each named pass, lint and recompile after it, count rewrites.
+"""The ordered pass pipeline, run once on the whole ATen graph before it is partitioned.
 
-A pass's name and version enter the compile cache key (`pass_fingerprint`). Each pass takes a
-GraphModule and a `Counter` it adds its rewrite counts to, and returns the (new) GraphModule;
-each keeps `node.meta["val"]` true for the nodes it leaves or creates.
+    run_passes(gm, ctx, observer)   stream stamps → cleanup → shapes → (fuse_patterns,
+                                    annotate_sharding as they land)
+
+Each pass is `fn(gm, ctx) -> gm`: it reads the PassContext, counts what it rewrote in
+`ctx.rewrites`, and keeps `node.meta["val"]` true for the nodes it leaves or creates. After each
+pass the graph is linted and recompiled, its counts are added to `ctx.counters` and to the
+process-wide `counters`, and the observer (debug.GraphObserver) sees the graph.
+
+Before the first pass every call node gets its random stream (`meta["rng_stream"]`, its name
+now): a pass that inserts or removes nodes, or a disabled pass, leaves the streams of the
+random ops in the graph as they were. A pass that replaces a random op copies its meta.
+
+A pass's identity in the compile cache key (`fingerprint`) is its name, a digest of its
+module's source and the values of the options it reads: editing a pass, or changing a setting
+it reads, is a new key; nobody keeps a version number by hand.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
+import hashlib
+import inspect
 import logging
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
-from . import cleanup
+from ..exc import OptionError
+from . import cleanup, shapes
+from .context import PassContext
 
 log = logging.getLogger(__name__)
 
@@ -25,49 +43,67 @@ counters: collections.Counter = collections.Counter()
 @dataclasses.dataclass(frozen=True)
 class Pass:
     name: str
-    version: int
-    fn: Callable[[torch.fx.GraphModule, collections.Counter], torch.fx.GraphModule]
+    fn: Callable[[torch.fx.GraphModule, PassContext], torch.fx.GraphModule]
+    reads: tuple[str, ...] = ()  # the options it reads: part of its cache identity
 
 
-PASSES: tuple[Pass, ...] = (Pass("cleanup", 2, cleanup.run),)
+PASSES: tuple[Pass, ...] = (
+    Pass("cleanup", cleanup.run),
+    Pass("shapes", shapes.run, reads=("shapes", "x64", "lowering")),
+)
 
 
-def pass_fingerprint(disabled: Iterable[str] = ()) -> tuple[tuple[str, int], ...]:
-    """(name, version) of every pass that runs: part of the compile cache key."""
-    skip = set(disabled)
-    return tuple((p.name, p.version) for p in PASSES if p.name not in skip)
+@functools.cache
+def _source_digest(fn: Callable) -> str:
+    return hashlib.sha256(inspect.getsource(inspect.getmodule(fn)).encode()).hexdigest()[:16]
 
 
-def run_passes(
-    gm: torch.fx.GraphModule,
-    disabled: Iterable[str] = (),
-    *,
-    after_pass: Callable[[str, torch.fx.GraphModule, collections.Counter], None] | None = None,
-) -> torch.fx.GraphModule:
-    """Apply the pipeline to `gm` in order, skipping passes named in `disabled`.
+def fingerprint(options: Any) -> tuple[tuple[str, str, tuple], ...]:
+    """(name, source digest, options read) of every pass that runs: part of the cache key."""
+    skip = set(options.disable_passes)
+    return tuple(
+        (p.name, _source_digest(p.fn), tuple((k, _setting(options, k)) for k in p.reads))
+        for p in PASSES
+        if p.name not in skip
+    )
 
-    `after_pass(name, gm, rewrites)`, if given, sees the graph after each pass (for dumps).
-    """
-    skip = set(disabled)
-    unknown = skip - {p.name for p in PASSES}
+
+def _setting(options: Any, name: str) -> Any:
+    value = getattr(options, name)
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+
+
+def check_disabled(disabled: Iterable[str]) -> None:
+    """An OptionError for a `disable_passes` name that is no pass."""
+    unknown = set(disabled) - {p.name for p in PASSES}
     if unknown:
-        from ..exc import OptionError
-
         raise OptionError(
             f"tpu_inductor: disable_passes names unknown passes {sorted(unknown)}; "
             f"known passes: {[p.name for p in PASSES]}."
         )
+
+
+def run_passes(gm: torch.fx.GraphModule, ctx: PassContext, observer=None) -> torch.fx.GraphModule:
+    """Apply the pipeline to the whole graph `gm`, skipping `ctx.options.disable_passes`.
+
+    `observer(name, gm, rewrites)`, if given, sees the graph after each pass (dumps, traces).
+    """
+    check_disabled(ctx.options.disable_passes)
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            node.meta.setdefault("rng_stream", node.name)
     for p in PASSES:
-        if p.name in skip:
+        if p.name in ctx.options.disable_passes:
             continue
-        rewrites: collections.Counter = collections.Counter()
-        gm = p.fn(gm, rewrites)
+        ctx.rewrites = collections.Counter()
+        gm = p.fn(gm, ctx)
         gm.graph.lint()
         gm.recompile()
-        for what, count in rewrites.items():
+        for what, count in ctx.rewrites.items():
+            ctx.counters[f"{p.name}.{what}"] += count
             counters[f"{p.name}.{what}"] += count
-        if rewrites:
-            log.debug("pass %s rewrote %s", p.name, dict(rewrites))
-        if after_pass is not None:
-            after_pass(p.name, gm, rewrites)
+        if ctx.rewrites:
+            log.debug("pass %s rewrote %s", p.name, dict(ctx.rewrites))
+        if observer is not None:
+            observer(p.name, gm, dict(ctx.rewrites))
     return gm

@@ -211,9 +211,9 @@ def test_explain_of_an_entry_with_a_malformed_key_is_a_cache_error(pristine, tmp
 
 
 def _codec():
-    from tpu_inductor import compile_fx, runtime
+    from tpu_inductor import runtime, serialize
 
-    return compile_fx._disk_codec(runtime.select_device("auto"))
+    return serialize.disk_codec(runtime.select_device("auto"))
 
 
 # --- safety, eviction -------------------------------------------------------------------------

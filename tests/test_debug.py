@@ -246,7 +246,7 @@ def test_pass_dump_diff_shows_the_rewrite(tmp_path):
     assert any("aten.add.Tensor" in line for line in removed)
     after = (tmp_path / c["folder"] / "01_pass_cleanup.py").read_text()
     assert "alias" not in after and "aten.add" not in after and "aten.mul.Tensor" in after
-    assert c["pass_rewrites"] == {"cleanup": {"alias_removed": 1, "dead_removed": 1}}
+    assert c["pass_rewrites"]["cleanup"] == {"alias_removed": 1, "dead_removed": 1}
 
 
 def test_dump_dir_option_and_env(monkeypatch, tmp_path):
@@ -310,16 +310,18 @@ BAD_MODULE = """module @bad {
 """
 
 
-class _Lowered:
+class _Lowered:  # what a record is shown of a lowered module
     text = BAD_MODULE
+    bytecode = b""
+    platform = "cpu"
 
 
 def test_failed_compile_writes_a_reproducer_that_reproduces(capsys):
     record = debug.CompileRecord("forward_x", (((4,), "torch.float32"),))
     device = runtime.select_device("cpu")
+    record.show(_Lowered)  # the lower stage showed it
     with pytest.raises(CompileError) as caught:
-        with debug.reproducer_on_error(record, _Lowered, device.platform):
-            runtime.compile_stablehlo(BAD_MODULE, device)
+        record.run("pjrt_compile", lambda: runtime.compile_stablehlo(BAD_MODULE, device))
     path = Path(
         str(caught.value).split("reproducer (the StableHLO module) is in ")[1].split(";")[0]
     )
@@ -556,15 +558,17 @@ def test_fallback_regions_are_dumped_and_reported(tmp_path, capsys, fallback):
         (facts,) = c["fallback_ops"].values()
         assert facts["count"] == 1 and "no lowering rule" in facts["why"]
     for c in fused:
-        assert c["files"][:4] == [
+        assert c["files"][:6] == [  # the passes run on the whole graph, before partitioning
             "00_dynamo_graph.py",
             "01_aten_inference.py",
-            "02_partitioned.py",
-            "03_region.py",
+            "02_pass_cleanup.py",
+            "02_pass_cleanup.diff",
+            "03_partitioned.py",
+            "04_region.py",
         ]
         (facts,) = c["fallback_ops"].values()
         assert "return torch.ops.tpu_inductor_test.eager_only" in facts["sites"][0]
-    partitioned = (tmp_path / compiles[0]["folder"] / "02_partitioned.py").read_text()
+    partitioned = (tmp_path / compiles[0]["folder"] / "03_partitioned.py").read_text()
     assert "torch.ops.tpu_inductor_test.eager_only.default" in partitioned
     assert cli.main(["explain", str(tmp_path)]) == 0
     assert (
@@ -583,7 +587,12 @@ def test_unsupported_ops_under_fallback_error_leave_a_failed_compile_in_the_dump
     (c,) = report.load_run(tmp_path)
     assert c["status"] == "failed" and c["inputs"] == ["float32[5]"]
     assert c["error"].startswith("partition: UnsupportedOpError: tpu_inductor: these ops")
-    assert c["files"] == ["00_dynamo_graph.py", "01_aten_inference.py"]
+    assert c["files"] == [  # the passes ran (on the whole graph); partitioning failed
+        "00_dynamo_graph.py",
+        "01_aten_inference.py",
+        "02_pass_cleanup.py",
+        "02_pass_cleanup.diff",
+    ]
     assert "partition" in c["timings"] and c["fallback_ops"] == {}  # nothing ran in eager
 
 

@@ -33,34 +33,27 @@ import importlib
 import itertools
 import json
 import logging
-import os
 import re
-import secrets
-import shlex
-import shutil
-import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
 from inspect import Parameter, signature
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from . import __version__, decompositions, runtime, serialize, sharding
-from .exc import ArtifactError, DeviceError, InputMismatchError, OptionError, UnsupportedOpError
-
-if TYPE_CHECKING:
-    from .lowering.stablehlo import Shardings
+from . import __version__, decompositions, files, runtime, serialize, sharding
+from .config import Options
+from .exc import ArtifactError, DeviceError, InputMismatchError, OptionError
+from .runtime import device_option_of
 
 log = logging.getLogger(__name__)
 
 FORMAT = 2  # the artifact layout version this module writes and reads
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
-# Our platform names → the device option that runs them here.
-_DEVICE_OF_PLATFORM = {"cpu": "cpu", "cuda": "gpu", "tpu": "tpu"}
+PLATFORMS = tuple(runtime.LOWERING_PLATFORMS.values())  # what --platform may name
 _SPEC = re.compile(r"^(?P<name>[A-Za-z_]\w*):(?P<dtype>\w+)\[(?P<dims>[^\]]*)\]$")
 
 
@@ -154,8 +147,9 @@ def compile_model(
     platform: str | None = None,
     x64: str = "keep",
     plan: sharding.Plan | None = None,
+    options: dict[str, Any] | None = None,
     command: str = "",
-    progress: Callable[[int, int, str], None] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Compile `model` for every bucket into the artifact directory `out`.
 
@@ -164,12 +158,18 @@ def compile_model(
     the compile succeeds. `platform`: "cpu", "cuda" or "tpu" (default: the best one here).
     `plan`: split the inputs over a device mesh (see sharding.py). Executables are included
     when that platform (with a plan: as many of its devices as the mesh has) is present here.
-    Returns the manifest's path.
+    `options`: backend options (as torch.compile's; `TPU_INDUCTOR_*` give the defaults), for
+    the compile cache, dumps and `disable_passes`: every bucket is compiled through
+    `compile_fx.compile_artifact_graph`, torch.compile's stages. `progress(label)` is called as
+    each bucket starts. Returns the manifest's path.
     """
     buckets = {k: tuple(v) for k, v in (buckets or {}).items()}
     platform = platform or runtime.select_device("auto").lowering_platform
-    if platform not in _DEVICE_OF_PLATFORM:
+    if platform not in PLATFORMS:
         raise OptionError(f"tpu-inductor: platform {platform!r}; choose cpu, cuda or tpu.")
+    options = Options.from_user(
+        {**(options or {}), "x64": x64, "fallback": "error", "device": device_option_of(platform)}
+    )
     if isinstance(model, torch.export.ExportedProgram):
         model = model.module()  # eval() raises on it: the mode was fixed by the export
     else:
@@ -179,15 +179,9 @@ def compile_model(
     out = Path(out)
     _check_out(out)
     device = _device_here(platform, plan)
-    staging = out.absolute().with_name(f".{out.absolute().name}.tmp-{secrets.token_hex(4)}")
-    staging.parent.mkdir(parents=True, exist_ok=True)
-    staging.mkdir()
-    try:
-        build = _Build(inputs, platform, device, x64, plan)
+    with files.staged_directory(out) as staging:
+        build = _Build(inputs, platform, device, options, plan)
         _compile_into(model, build, staging, buckets, command, progress)
-        _replace_dir(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # gone already unless the compile failed
     return out / MANIFEST
 
 
@@ -198,7 +192,7 @@ class _Build:
     inputs: Sequence[InputSpec]
     platform: str
     device: runtime.Device | None  # None: StableHLO only
-    x64: str
+    options: Options
     plan: sharding.Plan | None
 
 
@@ -210,14 +204,12 @@ def _compile_into(model, build: _Build, out: Path, buckets, command, progress):
     for number, sizes in enumerate(combos):
         label = " ".join(f"{k}={v}" for k, v in sizes.items()) or "static shapes"
         if progress:
-            progress(number, len(combos), label)
+            progress(label)
         start = time.perf_counter()
         folder = out / "buckets" / str(number)
-        entry, out_spec = _compile_bucket(model, build, sizes, folder, weights)
+        entry, out_spec = _compile_bucket(model, build, sizes, folder, weights, number)
         entries.append(entry)
         log.info("tpu-inductor: compiled bucket %s in %.1fs", label, time.perf_counter() - start)
-    if progress:
-        progress(len(combos), len(combos), "done")
     from safetensors.torch import save_file
 
     save_file({k: v.detach().contiguous().clone() for k, v in weights.items()}, out / WEIGHTS)
@@ -263,15 +255,6 @@ def _check_out(out: Path) -> None:
         )
 
 
-def _replace_dir(staging: Path, out: Path) -> None:
-    """Put the finished `staging` directory at `out`, replacing what was there."""
-    old = staging.with_name(staging.name.replace(".tmp-", ".old-"))
-    if out.exists():
-        os.rename(out, old)
-    os.rename(staging, out)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _check_dims(inputs: Sequence[InputSpec], buckets: dict[str, tuple[int, ...]]) -> None:
     used = {d for spec in inputs for d in spec.shape if isinstance(d, str)}
     if used - set(buckets):
@@ -284,7 +267,7 @@ def _check_dims(inputs: Sequence[InputSpec], buckets: dict[str, tuple[int, ...]]
 
 
 def _device_here(platform: str, plan: sharding.Plan | None) -> runtime.Device | None:
-    device_name = _DEVICE_OF_PLATFORM[platform]
+    device_name = device_option_of(platform)
     if device_name not in runtime.available_platforms():
         log.info("tpu-inductor: no %s device here: StableHLO only, no executables", platform)
         return None
@@ -297,15 +280,13 @@ def _device_here(platform: str, plan: sharding.Plan | None) -> runtime.Device | 
         return None
 
 
-def _compile_bucket(model, build: _Build, sizes, directory: Path, weights):
-    inputs, platform, device = build.inputs, build.platform, build.device
+def _compile_bucket(model, build: _Build, sizes, directory: Path, weights, number: int):
     from torch.export.graph_signature import InputKind, OutputKind
     from torch.utils._pytree import treespec_dumps
 
-    from .lowering import interpreter, stablehlo
-    from .passes import pipeline
+    from . import compile_fx
 
-    examples = tuple(torch.zeros(s.concrete(sizes), dtype=s.dtype) for s in inputs)
+    examples = tuple(torch.zeros(s.concrete(sizes), dtype=s.dtype) for s in build.inputs)
     with decompositions.tracing(), warnings.catch_warnings():
         # torch 2.13's run_decompositions deep-copies pytree specs, which warns about its own
         # deprecated LeafSpec check: noise in the progress bar that a user cannot act on.
@@ -319,7 +300,7 @@ def _compile_bucket(model, build: _Build, sizes, directory: Path, weights):
             f"tpu-inductor: the model mutates {[o.target for o in odd]} when called; an "
             "artifact cannot carry state. Compile a model without in-place buffer updates."
         )
-    graph_inputs, flat, user = [], [], iter(zip(inputs, examples))
+    graph_inputs, flat, user = [], [], iter(zip(build.inputs, examples))
     state = {**program.state_dict, **program.constants}
     for spec in signature.input_specs:
         if spec.kind is InputKind.USER_INPUT:
@@ -330,44 +311,41 @@ def _compile_bucket(model, build: _Build, sizes, directory: Path, weights):
             weights[spec.target] = state[spec.target]
             graph_inputs.append({"weight": spec.target})
             flat.append(state[spec.target])
-    gm = pipeline.run_passes(program.graph_module)
-    missing = interpreter.missing_ops(gm, platform)
-    if missing:
-        raise UnsupportedOpError(
-            f"tpu-inductor: these ATen ops have no lowering for {platform}: {sorted(missing)}; "
-            "an artifact cannot fall back to eager torch."
-        )
-    lowered = stablehlo.lower(
-        gm, flat, platform=platform, x64=build.x64, shardings=_shardings(build, sizes, graph_inputs)
+    lowered, executable = compile_fx.compile_artifact_graph(
+        program.graph_module,
+        flat,
+        build.options,
+        name=f"artifact_{number}",
+        platform=build.platform,
+        device=build.device,
+        mesh=_mesh_split(build, sizes, graph_inputs),
     )
     directory.mkdir(parents=True, exist_ok=True)
     files = {
         "module.mlir": lowered.text.encode(),
         "module.stablehlo": _portable(lowered.bytecode),
     }
-    if device is not None:
-        executable = runtime.compile_stablehlo(lowered.bytecode, device)
-        files["executable.bin"] = runtime.serialize_executable(executable, device)
+    if executable is not None:
+        files["executable.bin"] = runtime.serialize_executable(executable, build.device)
     for name, data in files.items():
         (directory / name).write_bytes(data)
     entry = {
         "sizes": sizes,
         "graph_inputs": graph_inputs,
         "lowered": serialize.lowered_to_json(lowered),
-        "executable": _executable_tag(device) if device is not None else None,
+        "executable": _executable_tag(build.device) if executable is not None else None,
     }
     return entry, treespec_dumps(program.call_spec.out_spec)
 
 
-def _shardings(build: _Build, sizes, graph_inputs) -> Shardings | None:
-    """The plan's partition specs for one bucket's module arguments (weights: replicated)."""
-    from .lowering import stablehlo
-
+def _mesh_split(build: _Build, sizes, graph_inputs):
+    """(mesh axes, a partition spec per module argument) of the plan for one bucket (weights
+    replicated), or None without a plan."""
     if build.plan is None:
         return None
     specs = build.plan.specs({s.name: s.concrete(sizes) for s in build.inputs})
     arguments = tuple(specs[g["input"]] if "input" in g else () for g in graph_inputs)
-    return stablehlo.Shardings(build.plan.mesh.axes, arguments)
+    return build.plan.mesh.axes, arguments
 
 
 def _portable(bytecode: bytes) -> bytes:
@@ -402,7 +380,7 @@ def _write_manifest(out, build: _Build, buckets, entries, out_spec, command) -> 
     manifest = {
         "format": FORMAT,
         "platform": build.platform,
-        "x64": build.x64,
+        "x64": build.options.x64,
         "mesh": [list(axis) for axis in build.plan.mesh.axes] if build.plan else None,
         "versions": {
             "tpu_inductor": __version__,
@@ -759,114 +737,3 @@ def _manifest_problem(manifest: dict) -> str | None:
         if "executable" not in entry or not isinstance(entry["executable"], (dict, type(None))):
             return f"{where}.executable is missing or {entry.get('executable')!r:.60}"
     return None
-
-
-# ---------------------------------------------------------------------------------------------
-# `tpu-inductor compile | run | inspect`
-
-
-def add_subcommands(commands) -> None:
-    """Add `compile`, `run` and `inspect` to the `tpu-inductor` parser."""
-    comp = commands.add_parser("compile", help="compile a model ahead of time into a directory")
-    comp.add_argument("target", help="module:factory (returns an nn.Module) or a saved .pt2")
-    comp.add_argument("--input", action="append", required=True, metavar="NAME:DTYPE[SHAPE]")
-    comp.add_argument("--bucket", action="append", default=[], metavar="DIM=A,B,C")
-    comp.add_argument("--platform", choices=sorted(_DEVICE_OF_PLATFORM))
-    comp.add_argument("--x64", choices=("keep", "narrow"), default="keep")
-    comp.add_argument(
-        "--mesh", metavar="AXIS=N[,AXIS=N]", help="split the inputs over a device mesh"
-    )
-    comp.add_argument(
-        "--shard",
-        action="append",
-        default=[],
-        metavar="NAME:SPEC",
-        help="an input's mesh axis (or -) per dim; default: its first dim over the first axis",
-    )
-    comp.add_argument("--out", required=True)
-    comp.set_defaults(run=_cli_compile)
-    run = commands.add_parser("run", help="run an artifact on inputs from an .npz file")
-    run.add_argument("directory")
-    run.add_argument("--input", required=True, help=".npz file with one array per input name")
-    run.add_argument("--out", help="write the outputs to this .npz file")
-    run.set_defaults(run=_cli_run)
-    inspect = commands.add_parser("inspect", help="describe an artifact directory")
-    inspect.add_argument("directory")
-    inspect.set_defaults(run=_cli_inspect)
-
-
-def _cli_compile(args) -> int:
-    if "" not in sys.path:
-        sys.path.insert(0, "")  # module:factory targets are found from the current directory
-    inputs = [parse_input(text) for text in args.input]
-    buckets = dict(parse_bucket(text) for text in args.bucket)
-    if args.shard and not args.mesh:
-        raise OptionError("tpu-inductor: --shard needs a --mesh to split over.")
-    plan = None
-    if args.mesh:
-        shards = tuple(sharding.parse_shard(text) for text in args.shard)
-        plan = sharding.Plan(sharding.parse_mesh(args.mesh), shards)
-
-    def progress(done: int, total: int, label: str) -> None:
-        bar = "#" * (20 * done // total) + "." * (20 - 20 * done // total)
-        print(
-            f"\r[{bar}] {done}/{total} {label:<30}",
-            end="\n" if done == total else "",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    path = compile_model(
-        load_target(args.target),
-        inputs,
-        args.out,
-        buckets=buckets,
-        platform=args.platform,
-        x64=args.x64,
-        plan=plan,
-        command=shlex.join(["tpu-inductor", *sys.argv[1:]]),
-        progress=progress,
-    )
-    print(f"wrote {path.parent}")
-    return 0
-
-
-def _cli_run(args) -> int:
-    import numpy as np
-
-    artifact = load(args.directory)
-    with np.load(args.input) as data:
-        values = {name: torch.from_numpy(data[name]) for name in data.files}
-    from torch.utils._pytree import tree_flatten
-
-    outputs, _ = tree_flatten(artifact(**values))
-    for number, out in enumerate(outputs):
-        print(f"output {number}: {serialize.dtype_name(out.dtype)}{list(out.shape)}")
-    if args.out:
-        path = args.out if args.out.endswith(".npz") else f"{args.out}.npz"  # as np.savez names it
-        np.savez(path, *[o.detach().numpy() for o in outputs])
-        print(f"wrote {path}")
-    return 0
-
-
-def _cli_inspect(args) -> int:
-    directory = Path(args.directory)
-    manifest = read_manifest(directory)
-    print(f"artifact:  {directory}  (format {manifest['format']})")
-    mesh = sharding.Mesh(tuple(map(tuple, manifest["mesh"]))) if manifest.get("mesh") else "none"
-    print(f"platform:  {manifest['platform']}   x64: {manifest['x64']}   mesh: {mesh}")
-    print("versions:  " + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items()))
-    for spec in manifest["inputs"]:
-        print(f"input:     {spec['name']}: {spec['dtype']}{spec['shape']}")
-    for number, entry in enumerate(manifest["entries"]):
-        outs = ", ".join(f"{s['dtype']}{s['shape']}" for s in entry["lowered"]["output_specs"])
-        exe = "executable" if entry["executable"] else "StableHLO only"
-        print(f"bucket {number}:  {entry['sizes'] or 'static'} → {outs}  ({exe})")
-    present = [directory / n for n in manifest["files"] if (directory / n).is_file()]
-    total = sum(p.stat().st_size for p in present)
-    missing = len(manifest["files"]) - len(present)
-    print(
-        f"files:     {len(manifest['files'])}, {total / 2**20:.1f} MiB"
-        + (f" ({missing} missing: the artifact is damaged)" if missing else "")
-    )
-    return 0

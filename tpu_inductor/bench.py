@@ -40,6 +40,7 @@ import torch
 
 from . import __version__, bench_models, debug
 from .exc import BenchError
+from .progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -687,7 +688,7 @@ def _main(args) -> int:
         cold=not args.warm_caches,
     )
     _prepare_outputs({"--json": args.json, "--markdown": args.markdown, "--plot": args.plot})
-    with _progress_bar(progress_steps(settings)) as progress:  # a BenchError: cli.main reports it
+    with progress_bar(progress_steps(settings)) as progress:  # a BenchError: cli.main reports it
         report = run(settings, progress)
     text = markdown(report)
     print(text)
@@ -725,22 +726,3 @@ def _prepare_outputs(paths: dict[str, str | None]) -> None:
             raise IsADirectoryError(errno.EISDIR, f"{option} names a folder; give a file", path)
         if not os.access(folder, os.W_OK):
             raise PermissionError(errno.EACCES, f"cannot write {option} there", path)
-
-
-@contextlib.contextmanager
-def _progress_bar(total: int):
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        print("note: no progress bar: install tqdm (pip install -e '.[bench]')", file=sys.stderr)
-        yield lambda _step: None
-        return
-    with tqdm(total=total, file=sys.stderr, unit="step", dynamic_ncols=True) as bar:
-
-        def advance(step: str) -> None:  # `step` is starting: the one before it is done
-            if bar.desc:
-                bar.update()
-            bar.set_description_str(step[:48])
-
-        yield advance
-        bar.update(total - bar.n)

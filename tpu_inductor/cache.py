@@ -29,13 +29,12 @@ import json
 import logging
 import os
 import re
-import secrets
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import files
 from .exc import CacheError
 
 log = logging.getLogger(__name__)
@@ -44,11 +43,9 @@ counters: collections.Counter = collections.Counter()
 
 FORMAT = 2  # layout version of a disk entry; entries of another format are ignored
 MANIFEST = "manifest.json"
-_TEMP_PREFIX = ".tmp-"
-# What `store` and `_remove` name their temporary directories: ".tmp-<digest16>-<pid>-<hex8>"
-# and ".tmp-rm-<hex12>". Older than `_STALE_SECONDS`, one is a leftover of an interrupted
-# process (a live writer finishes in far less) and `evict`/`clear` remove it.
-_TEMP_NAME = re.compile(r"\.tmp-(?:[0-9a-f]{16}-\d+-[0-9a-f]{8}|rm-[0-9a-f]{12})")
+# `store` and `files.remove_tree` name their temporary directories as `files.TEMP_NAME` says
+# (".tmp-<digest16>-<pid>-<hex8>", ".tmp-rm-<pid>-<hex8>"). Older than `_STALE_SECONDS`, one is
+# a leftover of an interrupted process (a live writer finishes in far less) and `evict`/`clear` remove it.
 _STALE_SECONDS = 15 * 60
 _DIGEST = re.compile(r"[0-9a-f]{64}")  # the name of an entry's directory
 
@@ -135,6 +132,39 @@ def _source_digest() -> str:
     return digest.hexdigest()
 
 
+def graph_fingerprint(gm) -> str:
+    """A graph's computation, whatever its nodes are named: each node by its position, op,
+    target and arguments (other nodes by position), and its tensor constants' data. Dynamo's and
+    torch.export's traces of one program name their inputs differently; they key alike."""
+    import torch
+
+    position: dict = {}
+    digest = hashlib.sha256()
+    for node in gm.graph.nodes:
+        position[node] = len(position)
+        args = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: f"%{position[n]}")
+        target = "" if node.op in ("placeholder", "get_attr") else _target_name(node.target)
+        digest.update(f"{node.op} {target} {args!r}\n".encode())
+        if node.op == "get_attr":
+            value = gm
+            for part in node.target.split("."):
+                value = getattr(value, part)
+            if isinstance(value, torch.Tensor):
+                data = value.detach().cpu().contiguous()
+                digest.update(f"{data.dtype}:{tuple(data.shape)}".encode())
+                raw = data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b""
+                digest.update(raw)
+    return digest.hexdigest()
+
+
+def _target_name(target) -> str:
+    from torch._ops import OpOverload
+
+    if isinstance(target, OpOverload):
+        return str(target)
+    return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', target)!s}"
+
+
 def xla_flags() -> tuple[str, ...]:
     """XLA_FLAGS less the dump flags, which do not change the compiled program."""
     flags = os.environ.get("XLA_FLAGS", "").split()
@@ -215,6 +245,9 @@ class MemoryCache:
         if value is not None:
             counters["hit"] += 1
             info["decision"] = "memory_hit"
+            if disk is not None and codec is not None and not disk.holds(key):
+                with stage("cache_store"):  # compiled while the disk cache was off
+                    disk.store(key, lambda: codec.encode(value), label)
             return value
         if disk is not None and codec is not None:
             info["dir"] = str(disk.directory)
@@ -299,6 +332,10 @@ class DiskCache:
         self.max_bytes = max_bytes
         _make_private(self.directory)
 
+    def holds(self, key: CacheKey) -> bool:
+        """Whether an entry for `key` is stored (not checked: `load` does that)."""
+        return (self.directory / key.digest).is_dir()
+
     def load(self, key: CacheKey, decode: Callable[[dict[str, bytes], dict], Any]):
         """The decoded value stored for `key`, or None (absent, or a fault: warned, removed)."""
         path = self.directory / key.digest
@@ -311,11 +348,11 @@ class DiskCache:
         try:
             manifest = _read_manifest(path / MANIFEST)
             _check_owner_entry(manifest, key)
-            files = {
+            contents = {
                 name: _read_checked(path / name, meta) for name, meta in manifest["files"].items()
             }
             try:
-                value = decode(files, manifest["meta"])
+                value = decode(contents, manifest["meta"])
             except Exception as e:  # a decoder error of any kind means: recompile
                 raise _Fault(f"cannot decode it: {type(e).__name__}: {e}") from e
         except (_Fault, OSError) as e:
@@ -326,7 +363,7 @@ class DiskCache:
                 path,
                 e,
             )
-            _remove(path)
+            files.remove_tree(path)
             return None
         with contextlib.suppress(OSError):
             os.utime(path / MANIFEST)  # last use, for LRU eviction
@@ -335,37 +372,32 @@ class DiskCache:
     def store(self, key: CacheKey, encode: Callable[[], tuple[dict[str, bytes], dict]], label: str):
         """Write the entry for `key` atomically; failures are warnings, never errors."""
         try:
-            files, meta = encode()
+            contents, meta = encode()
         except ValueError as e:  # the value has no disk form (e.g. a non-JSON output value)
             counters["disk_skip"] += 1
             log.debug("compile cache: not stored on disk: %s", e)
             return
-        temp = (
-            self.directory / f"{_TEMP_PREFIX}{key.digest[:16]}-{os.getpid()}-{secrets.token_hex(4)}"
-        )
+        temp = files.temp_beside(self.directory / key.digest, key.digest[:16])
         try:
             temp.mkdir(mode=0o700)
-            for name, data in files.items():
+            for name, data in contents.items():
                 (temp / name).write_bytes(data)
             body = {
                 "format": FORMAT,
                 "digest": key.digest,
                 "key": [list(entry) for entry in key.entries],
                 "label": label,
-                "files": {n: {"sha256": _sha256(d), "size": len(d)} for n, d in files.items()},
+                "files": {n: {"sha256": _sha256(d), "size": len(d)} for n, d in contents.items()},
                 "meta": meta,
             }
             manifest = {"checksum": _sha256(_dump(body)), "body": body}
             (temp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-            try:
-                os.rename(temp, self.directory / key.digest)
-            except OSError:  # another process stored this key first: keep theirs
-                _remove(temp)
-                return
+            if not files.publish(temp, self.directory / key.digest, replace=False):
+                return  # another process stored this key first: theirs is kept
             counters["disk_store"] += 1
         except OSError as e:
             self._warn_unusable("cannot write an entry in it; compiling without it", e)
-            _remove(temp)
+            files.remove_tree(temp)
             return
         try:
             self.evict()
@@ -402,7 +434,7 @@ class DiskCache:
     def key_of(self, digest_prefix: str) -> CacheKey:
         """The key of the entry whose digest starts with `digest_prefix` (CacheError if none)."""
         matches = [p for p in self.directory.iterdir() if p.name.startswith(digest_prefix)]
-        matches = [p for p in matches if not p.name.startswith(_TEMP_PREFIX)]
+        matches = [p for p in matches if not p.name.startswith(files.TEMP_PREFIX)]
         if len(matches) != 1:
             raise CacheError(
                 f"tpu_inductor: {len(matches)} cache entries in {self.directory} start with "
@@ -421,7 +453,7 @@ class DiskCache:
         now = time.time()
         found = []
         for path in self.directory.iterdir():
-            if not _TEMP_NAME.fullmatch(path.name):
+            if not files.TEMP_NAME.fullmatch(path.name):
                 continue
             with contextlib.suppress(OSError):
                 if path.is_dir() and now - path.stat().st_mtime > _STALE_SECONDS:
@@ -432,13 +464,13 @@ class DiskCache:
         """Remove stale temporary directories, then least recently used entries until the total
         size fits `max_bytes`."""
         for path in self.leftovers():
-            _remove(path)
+            files.remove_tree(path)
         entries = self.entries()
         total = sum(e.size for e in entries)
         for entry in entries:
             if total <= self.max_bytes:
                 break
-            _remove(self.directory / entry.digest)
+            files.remove_tree(self.directory / entry.digest)
             total -= entry.size
             counters["disk_evict"] += 1
             log.info("tpu_inductor: compile cache evicted %s (%d bytes)", entry.digest, entry.size)
@@ -450,10 +482,10 @@ class DiskCache:
         (readable or not), and temporary directories named as `store` names them."""
         removed = 0
         for path in self.leftovers():
-            _remove(path)
+            files.remove_tree(path)
         for path in self.directory.iterdir():
             if _DIGEST.fullmatch(path.name) and (path / MANIFEST).is_file():
-                _remove(path)
+                files.remove_tree(path)
                 removed += 1
         return removed
 
@@ -527,16 +559,6 @@ def _read_checked(path: Path, meta: Any) -> bytes:
     if _sha256(data) != meta.get("sha256"):
         raise _Fault(f"{path.name} checksum mismatch")
     return data
-
-
-def _remove(path: Path) -> None:
-    """Remove a directory so that no reader sees it half-deleted (renamed away first)."""
-    trash = path.with_name(f"{_TEMP_PREFIX}rm-{secrets.token_hex(6)}")
-    try:
-        os.rename(path, trash)
-    except OSError:
-        return
-    shutil.rmtree(trash, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -98,9 +98,21 @@ class Options:
         return _key_entries(self, "")
 
 
-# Knobs that never change the compiled program; a record's fields as "knob.field".
+# Knobs that never change the compiled program; a record's fields as "knob.field". `device`
+# and `fallback` decide where and which graphs are compiled, and the key holds those already
+# (the PJRT platform and devices; the graph, a whole one or a region), so torch.compile and
+# `tpu-inductor compile` (which asks for fallback="error" and names its platform) share entries.
 NOT_IN_CACHE_KEY = frozenset(
-    {"resident_params", "cache", "cache_dir", "cache_max_mb", "dump_dir", "shapes.max_compiles"}
+    {
+        "resident_params",
+        "cache",
+        "cache_dir",
+        "cache_max_mb",
+        "dump_dir",
+        "shapes.max_compiles",
+        "device",
+        "fallback",
+    }
 )
 
 

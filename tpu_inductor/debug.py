@@ -1,8 +1,10 @@
 """What happened in each compile: stage timings, dumps, structured traces, recompile reasons.
 
-`compile_fx` opens one `CompileRecord` per compiled graph specialization and times each stage
-with `record.stage(name)`; the benchmark's cold-start breakdown and `tpu-inductor explain` read
-these records. Around them, this module makes every stage visible:
+One observer per graph (`GraphObserver`) sees its graph-level stages (the ATen graph, the graph
+after each pass, the partition) and opens one `CompileRecord` per compiled specialization, whose
+`run(stage, fn)` times each later stage and shows what it made: the stages themselves hold no
+debug calls. The benchmark's cold-start breakdown and `tpu-inductor explain` read these records.
+Around them, this module makes every stage visible:
 
 - With `dump_dir` (option or `TPU_INDUCTOR_DUMP_DIR`), each record gets one folder,
   `<dump_dir>/<id>_<graph>/`, of numbered stage files: the Dynamo graph, the ATen graph, the
@@ -33,12 +35,13 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from . import files
 from .config import Options
 from .exc import CompileError
 
@@ -82,6 +85,8 @@ class CompileRecord:
     status: str = "compiling"  # then "ok" or "failed"
     dump_path: Path | None = None  # this record's dump folder, when dumping
     files: list[str] = dataclasses.field(default_factory=list)  # stage files written
+    _module_text: str | None = dataclasses.field(default=None, repr=False)  # for a reproducer
+    _platform: str = dataclasses.field(default="", repr=False)
 
     @contextlib.contextmanager
     def stage(self, name: str):
@@ -98,6 +103,39 @@ class CompileRecord:
 
     def _add_time(self, name: str, start: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+
+    def run(self, name: str, fn: Callable[[], Any]) -> Any:
+        """Stage `name` of this record: `fn()` timed, its result shown (`show`). A PJRT compile
+        that fails writes a reproducer of the module shown last and names it in the error."""
+        with self.stage(name):
+            try:
+                value = fn()
+            except CompileError as e:
+                if self._module_text is None:
+                    raise
+                path = write_reproducer(self, self._module_text, self._platform, str(e))
+                raise CompileError(
+                    f"{e}\nA reproducer (the StableHLO module) is in {path}; recompile it "
+                    f"with:\n  {repro_command(path)}"
+                ) from e
+        self.show(value)
+        return value
+
+    def show(self, value: Any) -> None:
+        """Dump what a stage made, by what it is: a lowered module (StableHLO, with and without
+        source locations) or an executable (its optimized HLO)."""
+        if hasattr(value, "hlo_modules"):
+            dump_stage(
+                self,
+                "optimized_hlo",
+                lambda: "\n\n".join(m.to_string() for m in value.hlo_modules()),
+                ".txt",
+            )
+        elif hasattr(value, "text") and hasattr(value, "bytecode"):
+            self._module_text, self._platform = value.text, value.platform
+            dump_stage(self, "stablehlo", value.text, ".mlir")
+            if getattr(value, "text_with_locations", ""):
+                dump_stage(self, "stablehlo_locations", value.text_with_locations, ".mlir")
 
     @property
     def label(self) -> str:
@@ -191,17 +229,6 @@ def dynamo_graph(gm: torch.fx.GraphModule, options: Options) -> None:
         _graphs[f"dynamo:{compile_id}"] = _GraphState([stage])
 
 
-def graph_stage(name: str, stage: str, gm: torch.fx.GraphModule, options: Options) -> None:
-    """A graph-level stage of graph `name` (e.g. "aten_forward", "partitioned")."""
-    _compile_ids.setdefault(name, _compile_id())  # recompile explanations read it, too
-    if not _active(options):
-        return
-    item = _Stage(stage, {".py": readable(gm)})
-    _emit(name, item, name)
-    if options.dump_dir is not None:
-        _state(name).stages.append(item)
-
-
 def fallback_ops(name: str, missing: dict[str, list[str]], platform: str, options: Options):
     """Ops of graph `name` that run in eager torch, their source lines and why.
 
@@ -228,31 +255,58 @@ def fallback_ops(name: str, missing: dict[str, list[str]], platform: str, option
             _write_compile_json(record)
 
 
-def pass_hook(name: str, gm: torch.fx.GraphModule, options: Options) -> Callable | None:
-    """For `passes.pipeline.run_passes(after_pass=...)`: dumps the graph and a diff after each
-    pass of graph `name`; None when nobody reads it."""
-    if not _active(options):
-        return None
-    before = [readable(gm)]
+class GraphObserver:
+    """Sees every stage of one graph before its records: the ATen graph, the graph after each
+    pass (with a diff), the partition and its regions; and opens the graph's records. It is the
+    pass pipeline's observer (called after each pass) and the one debug hook of the stages."""
 
-    def after_pass(pass_name: str, gm: torch.fx.GraphModule, rewrites: dict[str, int]) -> None:
+    def __init__(self, name: str, options: Options):
+        self.name = name
+        self.options = options
+        self.active = _active(options)
+        self._last = ""  # the graph text last shown, for the next pass's diff
+        _compile_ids.setdefault(name, _compile_id())  # recompile explanations read it, too
+
+    def graph(self, stage: str, gm: torch.fx.GraphModule) -> None:
+        """A graph-level stage (e.g. "aten_forward", "partitioned")."""
+        if self.active:
+            self._last = readable(gm)
+            self._add(_Stage(stage, {".py": self._last}))
+
+    def __call__(self, pass_name: str, gm: torch.fx.GraphModule, rewrites: dict[str, int]):
+        """After pass `pass_name`: the graph and its diff from the graph before the pass (not
+        for a pass that rewrote nothing: the graph is the one before it)."""
+        if self.options.dump_dir is not None:
+            _state(self.name).passes[pass_name] = dict(rewrites)
+        if not self.active or not rewrites:
+            return
         text = readable(gm)
-        header = f"# pass {pass_name}: rewrites {dict(rewrites) or 'none'}\n"
+        header = f"# pass {pass_name}: rewrites {rewrites or 'none'}\n"
         diff = difflib.unified_diff(
-            before[0].splitlines(keepends=True),
+            self._last.splitlines(keepends=True),
             text.splitlines(keepends=True),
             f"before {pass_name}",
             f"after {pass_name}",
         )
-        before[0] = text
-        item = _Stage(f"pass_{pass_name}", {".py": text, ".diff": header + "".join(diff)})
-        _emit(name, item, name)
-        if options.dump_dir is not None:
-            state = _state(name)
-            state.stages.append(item)
-            state.passes[pass_name] = dict(rewrites)
+        self._last = text
+        self._add(_Stage(f"pass_{pass_name}", {".py": text, ".diff": header + "".join(diff)}))
 
-    return after_pass
+    def region(self, region: str, gm: torch.fx.GraphModule) -> GraphObserver:
+        """The observer of a region of this graph, which starts from this graph's stages."""
+        observer = GraphObserver(f"{self.name}.{region}", self.options)
+        observer.graph("region", gm)
+        return observer
+
+    def fallback(self, missing: dict[str, list[str]], platform: str) -> None:
+        fallback_ops(self.name, missing, platform, self.options)
+
+    def record(self, inputs: tuple, fingerprint: str | None = None) -> CompileRecord:
+        return new_record(self.name, inputs, fingerprint=fingerprint, options=self.options)
+
+    def _add(self, item: _Stage) -> None:
+        _emit(self.name, item, self.name)
+        if self.options.dump_dir is not None:
+            _state(self.name).stages.append(item)
 
 
 def new_record(
@@ -302,24 +356,6 @@ def dump_stage(record: CompileRecord, stage: str, text: str | Callable[[], str],
         _write_stage(record, item)
 
 
-def dump_lowered(record: CompileRecord, lowered) -> None:
-    """StableHLO of a LoweredModule, without and with source locations."""
-    dump_stage(record, "stablehlo", lowered.text, ".mlir")
-    with_locations = getattr(lowered, "text_with_locations", "")
-    if with_locations:
-        dump_stage(record, "stablehlo_locations", with_locations, ".mlir")
-
-
-def dump_executable(record: CompileRecord, executable) -> None:
-    """The optimized HLO that PJRT compiled (`executable.hlo_modules()`)."""
-    dump_stage(
-        record,
-        "optimized_hlo",
-        lambda: "\n\n".join(m.to_string() for m in executable.hlo_modules()),
-        ".txt",
-    )
-
-
 def finish(record: CompileRecord) -> None:
     """Close a record after a successful compile (or cache hit): write compile.json."""
     record.status = "ok"
@@ -359,9 +395,7 @@ def _write_compile_json(record: CompileRecord) -> None:
     if record.dump_path is None:
         return
     text = json.dumps(compile_summary(record), indent=1, default=str)
-    temp = record.dump_path / f".compile.json.{os.getpid()}.tmp"  # the folder is this process's
-    temp.write_text(text + "\n")
-    os.replace(temp, record.dump_path / "compile.json")
+    files.write_atomic(record.dump_path / "compile.json", text + "\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -555,19 +589,6 @@ def _is_size_change(before, after) -> bool:
 
 # ---------------------------------------------------------------------------------------------
 # Reproducers of failed compiles.
-
-
-@contextlib.contextmanager
-def reproducer_on_error(record: CompileRecord, lowered, platform: str) -> Iterator[None]:
-    """Around a PJRT compile of `lowered`: on CompileError, write a reproducer and name it."""
-    try:
-        yield
-    except CompileError as e:
-        path = write_reproducer(record, lowered.text, platform, str(e))
-        raise CompileError(
-            f"{e}\nA reproducer (the StableHLO module) is in {path}; recompile it with:\n"
-            f"  {repro_command(path)}"
-        ) from e
 
 
 def repro_command(path: Path) -> str:

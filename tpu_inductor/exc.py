@@ -19,6 +19,10 @@ class LoweringError(TpuInductorError):
     """A lowering rule failed or produced a result that disagrees with the FX node's metadata."""
 
 
+class SymbolicSizeError(LoweringError):
+    """A graph with a symbolic size reached lowering, which takes concrete sizes only."""
+
+
 class FrontendUnavailableError(TpuInductorError, ImportError):
     """An optional lowering frontend (torch-mlir) was asked for but is not installed."""
 

@@ -31,8 +31,9 @@ log = logging.getLogger(__name__)
 
 # PJRT platform names by our device option, best first.
 _PREFERENCE = ("tpu", "gpu", "cpu")
-# jax's lowering platform for a PJRT client platform.
-_LOWERING_PLATFORM = {"tpu": "tpu", "gpu": "cuda", "cuda": "cuda", "rocm": "rocm", "cpu": "cpu"}
+# The device option (a PJRT client platform) → jax's lowering platform, which artifacts and
+# `tpu-inductor compile --platform` name (other client platforms lower under their own name).
+LOWERING_PLATFORMS = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}
 _ALIGNMENT = 64  # bytes; XLA:CPU wants aligned buffers for zero-copy
 
 
@@ -63,7 +64,7 @@ class Device:
 
     @property
     def lowering_platform(self) -> str:
-        return _LOWERING_PLATFORM.get(self.platform, self.platform)
+        return LOWERING_PLATFORMS.get(self.platform, self.platform)
 
     @property
     def kind(self) -> str:
@@ -74,6 +75,11 @@ class Device:
             axes = ",".join(f"{name}={size}" for name, size in self.axes)
             return f"{self.platform} mesh {axes} of {len(self.mesh)} devices ({self.kind})"
         return f"{self.platform}:{self.device.id} ({self.kind})"
+
+
+def device_option_of(lowering_platform: str) -> str:
+    """The device option that runs modules lowered for `lowering_platform` ("cuda" → "gpu")."""
+    return {v: k for k, v in LOWERING_PLATFORMS.items()}.get(lowering_platform, lowering_platform)
 
 
 def available_platforms() -> dict[str, list[Any]]:
@@ -449,15 +455,7 @@ def _argument_shardings(device: Device, lowered) -> tuple:
             f"tpu_inductor: a module for mesh {split and dict(split.axes)} cannot run on "
             f"{device}: load an artifact with tpu_inductor.aot.load, which takes its mesh's devices."
         )
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    grid = np.array(device.mesh, dtype=object).reshape([size for _, size in split.axes])
-    mesh = Mesh(grid, tuple(name for name, _ in split.axes))
-    return (
-        *(NamedSharding(mesh, PartitionSpec(*spec)) for spec in split.inputs),
-        NamedSharding(mesh, PartitionSpec()),  # the seed: on every device
-    )
+    return split.named(device.mesh)  # the seed last: on every device
 
 
 class _Resident:

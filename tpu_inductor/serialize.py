@@ -2,7 +2,8 @@
 
 The compile cache and AOT artifacts store the call description of a lowered module (which graph
 inputs are tensors, output slots, mutations, specs with torch dtypes by name) in a JSON manifest
-beside the StableHLO text and bytecode, which travel as separate files.
+beside the StableHLO text and bytecode, which travel as separate files. `disk_codec` is the
+compile cache's form of a compiled value: (executable, LoweredModule) ↔ files and a manifest.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Any
 
 import torch
 
-from .lowering.stablehlo import LoweredModule, OutputSlot, Shardings, TensorSpec
+from . import cache, runtime
+from .lowering import LoweredModule, OutputSlot, Shardings, TensorSpec
 
 _SCALARS = (type(None), bool, int, float, str)
 
@@ -133,3 +135,25 @@ def _int(value) -> int:
     if type(value) is not int:
         raise ValueError(f"expected an integer, got {value!r}")
     return value
+
+
+def disk_codec(device: runtime.Device) -> cache.Codec:
+    """(executable, LoweredModule) ↔ files and a JSON manifest, for the disk cache."""
+
+    def encode(value):
+        executable, lowered = value
+        meta = {"lowered": lowered_to_json(lowered)}
+        files = {
+            "executable.bin": runtime.serialize_executable(executable, device),
+            "module.mlirbc": lowered.bytecode,
+            "module.mlir": lowered.text.encode(),
+        }
+        return files, meta
+
+    def decode(files, meta):
+        text = files["module.mlir"].decode()
+        lowered = lowered_from_json(meta["lowered"], files["module.mlirbc"], text)
+        executable = runtime.deserialize_executable(files["executable.bin"], device, text)
+        return executable, lowered
+
+    return cache.Codec(encode, decode)

@@ -37,18 +37,6 @@ def dims(ds, rank: int) -> tuple[int, ...]:
     return tuple(sorted({dim(d, rank) for d in ds}))
 
 
-def dense_dim_order(sizes, strides) -> tuple[int, ...] | None:
-    """The dims of a strided layout, outermost first, when its strides are contiguous strides in
-    that order (dense, non-overlapping: its storage is its values, reordered); None otherwise."""
-    order = tuple(sorted(range(len(sizes)), key=lambda d: -strides[d]))
-    expected = 1
-    for d in reversed(order):
-        if sizes[d] != 1 and strides[d] != expected:
-            return None
-        expected *= sizes[d]
-    return order
-
-
 def elementwise(*ops, compute: str = "auto", platform: str | None = None):
     """Register `fn(*arrays, **kwargs)` for `ops`, with torch's type promotion around it.
 

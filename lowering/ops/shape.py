@@ -11,8 +11,9 @@ from jax import lax
 from torch._ops import ops
 
 from ...exc import LoweringError
+from ..layout import dense_dim_order
 from ..registry import register_lowering
-from .common import cast, dense_dim_order, dim
+from .common import cast, dim
 
 aten = ops.aten
 

@@ -1,15 +1,21 @@
-"""A graph with symbolic sizes made static for one set of concrete inputs.
+"""shapes: the shape policy. Decides which sizes a graph is compiled at, and makes them concrete.
 
-Dynamo hands over graphs whose node metadata (`meta["val"]`) holds sizes as symbols (`s0`, `2*s0
-+ 1`); lowering rules read result shapes from that metadata. Evaluated as plain ints, the
-symbols give the sizes of the trace that made the graph, not of the inputs being compiled for:
-`new_zeros(n + 1)` would keep the first trace's length. So a symbolic graph is first copied with
-its metadata propagated again through fake tensors of the concrete inputs: every rule, and the
-interpreter's shape checks, then see the sizes being compiled.
+Policy `exact` (today's only one; bucketing extends it): a graph is compiled once per concrete
+input signature. Two halves:
 
-An integer input that is only a value (a step counter multiplied into a tensor), never a size,
-is not compiled in: `value_only_integer_inputs` finds those, and they are passed to the module
-as 0-d int64 tensors, so that a new value is not a new compile.
+- `run(gm, ctx)`, the pass, once on the whole graph: marks the integer nodes that are values
+  only (a step counter multiplied into a tensor, never a size), `meta["value_only"] = True`, so
+  that they are passed to the module as 0-d int64 tensors, and a new value is not a new compile.
+  Only under x64="keep" (narrowed, a 32-bit value would wrap) and our own lowering. A region of
+  a split graph inherits its inputs' marks (the partitioner copies their meta).
+- `concretize(gm, inputs)`, per signature, where the compile pipeline dispatches on sizes: a copy
+  of `gm` whose metadata is propagated again through fake tensors of the concrete inputs. Rules
+  read result shapes from that metadata; evaluated as plain ints, the symbols would give the sizes
+  of the trace that made the graph (`new_zeros(n + 1)` would keep the first trace's length).
+
+Assumes a functional ATen graph; preserves every node, and the metadata of a concrete graph.
+
+    %n: SymInt used only as a value   -> %n.meta["value_only"] = True
 """
 
 from __future__ import annotations
@@ -22,13 +28,28 @@ from typing import Any
 import torch
 
 from ..exc import LoweringError
-from . import registry
+from .context import PassContext
 
 # Size arithmetic the interpreter evaluates that computes the same on a traced integer (a 0-d
 # array) as on a Python int, whatever the operands (more in `_is_value_arithmetic`).
 _VALUE_ARITHMETIC = frozenset(
     {operator.add, operator.sub, operator.mul, operator.neg, operator.truediv}
 )
+
+
+def run(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
+    if ctx.options.x64 != "keep" or ctx.options.lowering == "torch-mlir" or not is_symbolic(gm):
+        return gm
+    for node in value_only_integer_nodes(gm, ctx):
+        node.meta["value_only"] = True
+        ctx.rewrites["value_only_marked"] += 1
+    return gm
+
+
+def value_only_inputs(gm: torch.fx.GraphModule) -> frozenset[int]:
+    """Positions of the inputs of `gm` (a whole graph or a region) marked values only."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return frozenset(i for i, n in enumerate(placeholders) if n.meta.get("value_only"))
 
 
 def is_symbolic(gm: torch.fx.GraphModule) -> bool:
@@ -42,8 +63,11 @@ def is_symbolic(gm: torch.fx.GraphModule) -> bool:
     return False
 
 
-def with_concrete_sizes(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> torch.fx.GraphModule:
-    """A copy of `gm` whose metadata is recomputed for `inputs` (tensors and plain numbers)."""
+def concretize(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> torch.fx.GraphModule:
+    """`gm` itself when its sizes are concrete; else a copy whose metadata is recomputed for
+    `inputs` (tensors and plain numbers; value-only inputs as their ints)."""
+    if not is_symbolic(gm):
+        return gm
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
@@ -67,11 +91,10 @@ def with_concrete_sizes(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> torc
     return copy
 
 
-def value_only_integer_inputs(gm: torch.fx.GraphModule, platform: str | None) -> frozenset[int]:
-    """Positions of the SymInt inputs whose symbol is in no size, stride or offset, and whose
-    uses are integer arithmetic and rules marked `takes_traced_scalars` (elementwise ones, full,
-    clamp...: they take a traced 0-d array as a scalar argument): nothing reads their value at
-    compile time."""
+def value_only_integer_nodes(gm: torch.fx.GraphModule, ctx: PassContext) -> list[torch.fx.Node]:
+    """The SymInt inputs whose symbol is in no size, stride or offset, and whose uses are
+    integer arithmetic and rules that take traced scalars (elementwise ones, full, clamp...: a
+    traced 0-d array as a scalar argument): nothing reads their value at compile time."""
     in_sizes = set()
     for node in gm.graph.nodes:
         for value in _flat_values(node.meta.get("val")):
@@ -79,32 +102,31 @@ def value_only_integer_inputs(gm: torch.fx.GraphModule, platform: str | None) ->
                 for d in (*value.shape, *value.stride(), value.storage_offset()):
                     if isinstance(d, torch.SymInt):
                         in_sizes |= d.node.expr.free_symbols
-    positions = set()
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for position, node in enumerate(placeholders):
+    found = []
+    for node in gm.graph.nodes:
         value = node.meta.get("val")
         if (
-            isinstance(value, torch.SymInt)
+            node.op == "placeholder"
+            and isinstance(value, torch.SymInt)
             and value.node.expr.is_Symbol
             and value.node.expr not in in_sizes
-            and _used_as_value_only(node, platform)
+            and _used_as_value_only(node, ctx)
         ):
-            positions.add(position)
-    return frozenset(positions)
+            found.append(node)
+    return found
 
 
-def _used_as_value_only(node: torch.fx.Node, platform: str | None) -> bool:
+def _used_as_value_only(node: torch.fx.Node, ctx: PassContext) -> bool:
     for user in node.users:
         if user.op == "output" and node.op == "placeholder":
             continue  # the input itself, returned (saved for the backward): given back as it is
         if user.op != "call_function":
             return False  # a computed number returned: the caller wants it as a Python number
         if _is_value_arithmetic(user, node):
-            if not _used_as_value_only(user, platform):
+            if not _used_as_value_only(user, ctx):
                 return False
             continue
-        rule = registry.lookup(user.target, platform)
-        if rule is None or not getattr(rule.fn, "takes_traced_scalars", False):
+        if not ctx.takes_traced_scalars(user):
             return False
     return True
 
