@@ -7,18 +7,19 @@ Its public face, what the rest of tpu_inductor uses (nothing outside imports a s
 private names):
 
 - what is supported: `supported(node, platform)`, `computes(node)`, `takes_traced_scalars`,
-  `registered_ops()`, `core_aten_coverage()`, `register_lowering` (rules of one's own);
+  `draws_random`, `rng_stream(node)` (what a random node's key folds in), `registered_ops()`, `core_aten_coverage()`, `register_lowering` (rules of one's own);
 - what is missing: `missing_ops(gm, platform)`, `op_name(target)`, `source_line(node)`;
 - lower: `lower(gm, inputs, ...)` → `LoweredModule` (with `TensorSpec`, `OutputSlot`,
   `Shardings`), `flat_outputs(gm)`; `torch_mlir` is the second frontend;
 - `dense_dim_order(sizes, strides)`: the dim order of a dense strided layout.
 """
 
-from .interpreter import missing_ops, op_name, source_line
+from .interpreter import missing_ops, op_name, rng_stream, source_line
 from .layout import dense_dim_order
 from .python_targets import computes
 from .registry import (
     core_aten_coverage,
+    draws_random,
     register_lowering,
     registered_ops,
     supported,
@@ -34,12 +35,14 @@ __all__ = [
     "computes",
     "core_aten_coverage",
     "dense_dim_order",
+    "draws_random",
     "flat_outputs",
     "lower",
     "missing_ops",
     "op_name",
     "register_lowering",
     "registered_ops",
+    "rng_stream",
     "source_line",
     "supported",
     "takes_traced_scalars",

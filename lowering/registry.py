@@ -145,6 +145,13 @@ def takes_traced_scalars(node: torch.fx.Node, platform: str | None = None) -> bo
     return rule is not None and getattr(rule.fn, "takes_traced_scalars", False)
 
 
+def draws_random(node: torch.fx.Node, platform: str | None = None) -> bool:
+    """Whether the node's rule draws random numbers (from the module's per-call seed)."""
+    op = node_op(node) if node.op == "call_function" else None
+    rule = lookup(op, platform) if isinstance(op, OpOverload) else None
+    return rule is not None and rule.uses_rng
+
+
 def _rule_supports(rule: Rule, node: torch.fx.Node) -> bool:
     """A rule's `supports` predicate; one that cannot decide (e.g. a size that depends on the
     data, on which no guard can be placed) leaves the node to eager torch."""

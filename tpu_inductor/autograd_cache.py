@@ -98,11 +98,17 @@ def enabled(gm: torch.fx.GraphModule, options: Options) -> bool:
 
 
 def backend_id(options: Options) -> str:
-    """What AOTAutograd's key knows of us: options, passes, sources and environment."""
+    """What AOTAutograd's key knows of us: options, sources and environment, and the passes
+    that will run on the graph it caches (their names, sources and the options they read)."""
     from . import cache, compile_fx, runtime
+    from .passes import pipeline
 
     device = runtime.select_device(options.device)
-    return "tpu_inductor-" + cache.CacheKey.of(compile_fx.context_entries(options, device)).digest
+    entries = [
+        *compile_fx.context_entries(options, device),
+        ("passes", pipeline.fingerprint(options)),
+    ]
+    return "tpu_inductor-" + cache.CacheKey.of(entries).digest
 
 
 @contextlib.contextmanager

@@ -132,9 +132,10 @@ def _source_digest() -> str:
     return digest.hexdigest()
 
 
-def graph_fingerprint(gm) -> str:
+def graph_fingerprint(gm, salt: Callable[[Any], Any] = lambda _node: None) -> str:
     """A graph's computation, whatever its nodes are named: each node by its position, op,
-    target and arguments (other nodes by position), and its tensor constants' data. Dynamo's and
+    target and arguments (other nodes by position) and `salt(node)` (what else its lowering
+    reads, e.g. a random op's stream), and its tensor constants' data. Dynamo's and
     torch.export's traces of one program name their inputs differently; they key alike."""
     import torch
 
@@ -144,7 +145,7 @@ def graph_fingerprint(gm) -> str:
         position[node] = len(position)
         args = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: f"%{position[n]}")
         target = "" if node.op in ("placeholder", "get_attr") else _target_name(node.target)
-        digest.update(f"{node.op} {target} {args!r}\n".encode())
+        digest.update(f"{node.op} {target} {args!r} {salt(node)!r}\n".encode())
         if node.op == "get_attr":
             value = gm
             for part in node.target.split("."):

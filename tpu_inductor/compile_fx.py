@@ -152,7 +152,12 @@ class _Specializer:
         self.observer = observer
         self.platform = platform or device.lowering_platform
         self.shardings = shardings
-        self.fingerprint = cache.graph_fingerprint(gm)
+        self.fingerprint = cache.graph_fingerprint(gm, salt=self._stream)
+
+    def _stream(self, node: torch.fx.Node) -> int | None:
+        """What a random node's key folds in (its stream is no position: passes that move it
+        keep it); nothing for the others."""
+        return lowering.rng_stream(node) if lowering.draws_random(node, self.platform) else None
 
     def __call__(
         self, inputs: Sequence[Any], scalars: frozenset[int] = frozenset()
@@ -213,12 +218,11 @@ class _Specializer:
 
 
 def context_entries(options: Options, device: runtime.Device) -> list[tuple[str, Any]]:
-    """The compile-cache key entries besides the graph's: options, passes, environment."""
-    return [
-        ("options", options.cache_key_entries()),
-        ("passes", pipeline.fingerprint(options)),
-        *cache.environment_entries(device),
-    ]
+    """The compile-cache key entries besides the graph's: options and environment. The graph
+    entry is the graph after the passes, with what its lowering reads besides (random streams):
+    a pass that leaves a graph as it was leaves its key alone; the passes' sources are in the
+    environment's source digest, the options they read in the options entry."""
+    return [("options", options.cache_key_entries()), *cache.environment_entries(device)]
 
 
 def _cached_compile(
