@@ -24,6 +24,13 @@ def compile_aten(fn: Callable, args: Sequence, options: dict | None = None) -> C
     return lambda *call_args: _unflatten(fn, args, compiled(list(call_args)))
 
 
+def functional(fn: Callable) -> Callable:
+    """`fn` with its in-place ops made functional, as AOTAutograd traces them for the backend:
+    make_fx alone keeps `x.uniform_()` or a composite's `bitwise_and_`, which have no rule.
+    (Not for fns that call torch.autograd.grad: functionalized tensors carry no grad.)"""
+    return torch.func.functionalize(fn, remove="mutations")
+
+
 def _unflatten(fn, args, flat):
     return flat[0] if len(flat) == 1 else tuple(flat)
 

@@ -6,6 +6,7 @@ second compile finds only the two disk caches (torch's AOTAutograd entries, our 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
@@ -110,7 +111,11 @@ def test_other_options_are_another_aot_autograd_key(net, tmp_path):
 
 def test_split_graph_is_not_stored_and_still_runs(tmp_path, caplog):
     x = torch.randn(16)
-    with caplog.at_level(logging.INFO, logger="torch._functorch._aot_autograd.autograd_cache"):
+    # torch's loggers do not propagate to the root, where caplog listens: listen on this one
+    log = logging.getLogger("torch._functorch._aot_autograd.autograd_cache")
+    log.addHandler(caplog.handler)
+    with caplog.at_level(logging.INFO, logger=log.name), contextlib.ExitStack() as undo:
+        undo.callback(log.removeHandler, caplog.handler)
         for _ in range(2):
             _fresh_start()
             compiled = torch.compile(

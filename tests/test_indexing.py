@@ -168,10 +168,15 @@ def test_masked_fill_keeps_values_float32_cannot_hold():
         fills |= {
             f"tensor {v}": lambda x, m, v=v: x.masked_fill(m, I(v, dtype=x.dtype)) for v in values
         }
-        graph = lambda x, m, fills=fills: tuple(f(x, m) for f in fills.values())  # noqa: E731
-        got = compile_aten(graph, (x, mask))(x, mask)
+        got = compile_aten(_all_of(fills.values()), (x, mask))(x, mask)
         for (name, fill), result in zip(fills.items(), got):
             assert torch.equal(result, fill(x, mask)), (name, result, fill(x, mask))
+
+
+def _all_of(fns):
+    """One graph of every fn in `fns` (a tuple of their results)."""
+    fns = tuple(fns)
+    return lambda *args: tuple(f(*args) for f in fns)
 
 
 def test_masked_fill_broadcasts_the_input():
