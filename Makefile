@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-slow opinfo bench lint format clean
+.PHONY: setup run test test-slow opinfo bench mutation lint format clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,12 @@ $(VENV)/.installed-bench: $(STAMP)
 bench: $(VENV)/.installed-bench
 	$(PY) -m tpu_inductor.cli bench --train --json bench/results/latest.json \
 		--markdown bench/results/latest.md --plot bench/results/latest.png
+
+# Mutation testing of the lowering rules (tools/mutation): a sample of each rule file's mutants
+# against the tests that execute them, time-boxed; report → bench/results/mutation.md. Minutes.
+mutation: $(STAMP)
+	$(PY) -m tools.mutation --sample 20 --time-box 300 --out bench/results/mutation.md \
+		--json bench/results/mutation.json
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tpu_inductor lowering passes tests examples
