@@ -1,5 +1,6 @@
-"""FX graph passes over ATen graphs (imported as `tpu_inductor.passes`).
+"""FX graph passes over whole ATen graphs (imported as `tpu_inductor.passes`).
 
-Each pass is a named, versioned `GraphModule -> GraphModule` function; `pipeline.run_passes`
-applies them in order. Passes talk to lowering only through the graph and `node.meta`.
+`pipeline.run_passes(gm, ctx)` applies the named passes in order, once per graph, before it is
+partitioned; each pass is `fn(gm, ctx) -> gm` with a `context.PassContext`. Passes talk to the
+lowering only through the graph, `node.meta` and the context's one question.
 """

@@ -1,8 +1,9 @@
 """Offline (ahead-of-time) compilation: a model → an artifact directory that runs without Python.
 
-`compile_model` exports a model with torch.export (core ATen, parameters lifted to inputs), runs
-the pass pipeline and lowers it once per bucket (each combination of `--bucket` sizes), for a
-PJRT platform that need not be present here. The directory holds:
+`compile_model` exports a model with torch.export (core ATen, parameters lifted to inputs) once
+per bucket (each combination of `--bucket` sizes) and compiles each graph through torch.compile's
+own stages (`compile_fx.compile_artifact_graph`: passes, lowering, the compile cache, dumps),
+for a PJRT platform that need not be present here. The directory holds:
 
     manifest.json                 inputs (names, dtypes, symbolic shapes), buckets, versions,
                                   platform, each bucket's call description, a sha256 per file

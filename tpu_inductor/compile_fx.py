@@ -59,7 +59,7 @@ def compile_graph(
         if not missing:
             return _compile_whole(gm, example_inputs, observer, options, device, static_inputs)
         if options.fallback == "error":  # the failed compile gets a record (a dump folder)
-            record = observer.record(_signature_if_concrete(example_inputs))
+            record = observer.record(_concrete_signature(example_inputs) or ())
             record.run("partition", lambda: partition.report_missing(missing, options))
         if options.fallback != "torch-mlir":  # otherwise reported once torch-mlir had its turn
             partition.report_missing(missing, options)
@@ -107,11 +107,10 @@ def compile_artifact_graph(
 
 def _passes(gm, inputs, options: Options, platform: str, observer) -> torch.fx.GraphModule:
     """Stage 1: the pass pipeline on the whole graph."""
-    concrete = all(dispatch.is_concrete(v) for v in inputs)
     ctx = PassContext(
         platform=platform,
         options=options,
-        inputs=dispatch.input_signature(inputs) if concrete else None,
+        inputs=_concrete_signature(inputs),
         takes_traced_scalars=lambda node: lowering.takes_traced_scalars(node, platform),
     )
     return pipeline.run_passes(gm, ctx, observer)
@@ -127,9 +126,10 @@ def _compile_whole(gm, example_inputs, observer, options: Options, device, stati
     return dispatch.SizeDispatch(specializer, observer.name, scalars, options.shapes.max_compiles)
 
 
-def _signature_if_concrete(inputs: Sequence[Any]) -> tuple:
+def _concrete_signature(inputs: Sequence[Any]) -> tuple | None:
+    """The input signature, or None while sizes are symbolic."""
     concrete = all(dispatch.is_concrete(v) for v in inputs)
-    return dispatch.input_signature(inputs) if concrete else ()
+    return dispatch.input_signature(inputs) if concrete else None
 
 
 class _Specializer:
