@@ -6,7 +6,8 @@
 - Randomness: torch's global generator is seeded per test from the test's id and put back
   afterwards, so a test draws the same numbers whatever ran before it (no module-level seeding).
 - Property tests: hypothesis draws the same examples on every run (a CI run is reproducible),
-  different ones per test (the seed derives from each test).
+  different ones per test (the seed derives from each test); TPU_INDUCTOR_HYPOTHESIS_PROFILE
+  =mutation draws fewer (tools/mutation sets it).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import pytest
 import torch
 from hypothesis import settings
 
-settings.register_profile("reproducible", derandomize=True)
-settings.load_profile("reproducible")
+settings.register_profile("reproducible", derandomize=True, max_examples=12)
+# `make mutation` runs each test once per mutant: its explicit examples and a few drawn ones.
+settings.register_profile("mutation", derandomize=True, max_examples=4)
+settings.load_profile(os.environ.get("TPU_INDUCTOR_HYPOTHESIS_PROFILE", "reproducible"))
 
 
 _CACHE_VARIABLES = ("TPU_INDUCTOR_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")

@@ -86,7 +86,7 @@ def eager_accepts(fn: Callable, *args) -> bool:
     """Whether eager torch implements `fn` for these arguments (their dtypes, mostly)."""
     try:
         fn(*args)
-    except (RuntimeError, TypeError, NotImplementedError, ZeroDivisionError):
+    except (RuntimeError, TypeError, NotImplementedError, ZeroDivisionError, IndexError):
         return False
     return True
 

@@ -62,8 +62,9 @@ def test_a_mutant_runs_the_tests_of_its_innermost_function():
     assert coverage_map.function_region(_SOURCE, 6) == range(5, 11)  # a default argument
     assert coverage_map.function_region(_SOURCE, 8) == range(7, 9)
     lines = {7: frozenset({"t::a"}), 8: frozenset({"t::b"}), 10: frozenset({"t::c"})}
-    cmap = coverage_map.CoverageMap(lines, 1.0)
+    cmap = coverage_map.CoverageMap(lines, {"t::a": 3.0, "t::b": 0.5}, 1.0)
     assert cmap.tests_for(range(7, 9)) == {"t::a", "t::b"}
+    assert cmap.quickest_first({"t::a", "t::b", "t::c"}) == ["t::b", "t::a", "t::c"]
 
 
 def test_changed_lines_and_workspace_paths():

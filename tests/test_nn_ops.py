@@ -533,16 +533,22 @@ def test_flash_attention_bf16():
 
 @pytest.mark.parametrize("reduction", [0, 1, 2], ids=["none", "mean", "sum"])
 @pytest.mark.parametrize("weighted", [False, True])
-@pytest.mark.parametrize("kind", ["1d", "2d"])
+@pytest.mark.parametrize("kind", ["unbatched", "1d", "2d"])
 def test_nll_loss(kind, weighted, reduction):
-    if kind == "1d":
+    """Every case has targets equal to ignore_index (their loss and gradient are 0, their
+    weight is not counted); the unbatched one is that target alone."""
+    ignore = 1
+    if kind == "unbatched":
+        x, target = _rand(5).log_softmax(0), torch.tensor(ignore)
+        forward, backward = aten.nll_loss_forward, aten.nll_loss_backward
+    elif kind == "1d":
         x, target = _rand(8, 5).log_softmax(1), _tokens(8, high=5)
         forward, backward = aten.nll_loss_forward, aten.nll_loss_backward
     else:
         x, target = _rand(2, 5, 3, 4).log_softmax(1), _tokens(2, 3, 4, high=5)
         forward, backward = aten.nll_loss2d_forward, aten.nll_loss2d_backward
+    target.view(-1)[::3] = ignore
     weight = _rand(5, seed=1).abs() if weighted else None
-    ignore = 1
     _run(lambda x, t, w: forward(x, t, w, reduction, ignore), (x, target, weight), F32)
     loss, total = forward(x, target, weight, reduction, ignore)
     grad = torch.randn(loss.shape, generator=torch.Generator().manual_seed(2))

@@ -10,9 +10,9 @@ from __future__ import annotations
 import functools
 
 import torch
-from hypothesis import Phase, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
-from hypothesis.extra.numpy import array_shapes, mutually_broadcastable_shapes
+from hypothesis.extra.numpy import BroadcastableShapes, mutually_broadcastable_shapes
 
 from tests.helpers import (
     assert_same,
@@ -20,6 +20,7 @@ from tests.helpers import (
     check_many_against_eager,
     eager_accepts,
 )
+from tests.strategies import FLOAT64_EDGES, INT_EDGES, PROPERTY, seeds, shapes, values
 
 DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool)
 
@@ -90,26 +91,9 @@ FINITE_ONLY = {
 }
 
 
-# Few examples (each compiles a graph), no shrinking (each shrink step compiles again).
-PROPERTY = settings(max_examples=12, deadline=None, phases=(Phase.explicit, Phase.generate))
-
-
 def _tol(name: str, dtype: torch.dtype) -> dict:
     rtol, atol = OP_TOLERANCES.get((name, dtype), TOLERANCES.get(dtype, (0, 0)))
     return {"rtol": rtol, "atol": atol}
-
-
-def _values(shape, dtype, seed: int, nonzero: bool = False) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        x = torch.rand(shape, generator=gen) > 0.5
-        return x | True if nonzero else x
-    if dtype.is_floating_point:
-        x = torch.randn(shape, generator=gen) * 3
-    else:
-        x = torch.randint(-20, 20, shape, generator=gen)
-    x = x.to(dtype)
-    return torch.where(x == 0, torch.ones((), dtype=dtype), x) if nonzero else x
 
 
 @functools.cache
@@ -131,18 +115,18 @@ def test_unary_edge_values():
 
 
 # Integers past float32's 2**24 and float64's 2**53, int64's extremes, and small ones.
-BIG_INTS = [0, 1, -1, 7, -7, 2**24 + 1, -(2**31), 2**40 + 3, 2**53 + 1, -(2**62), 2**63 - 1]
+BIG_INTS = [1, 7, -7, *INT_EDGES]
 # float64 values that float32 rounds (or cannot hold at all) beside the float edge values;
 # no subnormals: XLA:CPU flushes them to zero (README, Limits).
-FLOAT64_VALUES = [0.1, 1 / 3, 1e300, -1e-300, 2**53 + 2.0, 2**60 + 2.0**8] + EDGE_VALUES
+FLOAT64_VALUES = [*FLOAT64_EDGES, 2**60 + 2.0**8] + EDGE_VALUES
 # float64 results agree to a few ulps: a result that went through float32 is off by ~1e-8.
 FLOAT64_TOL = (1e-13, 1e-14)
 
 
-def _pairs(values, dtype):
-    """Every (a, b) pair of `values` as two flat tensors (len(values)**2 elements each)."""
-    v = torch.tensor(values, dtype=dtype)
-    return v.repeat_interleave(len(values)), v.repeat(len(values))
+def _pairs(points, dtype):
+    """Every (a, b) pair of `points` as two flat tensors (len(points)**2 elements each)."""
+    v = torch.tensor(points, dtype=dtype)
+    return v.repeat_interleave(len(points)), v.repeat(len(points))
 
 
 def _edge_tol(name: str, dtype: torch.dtype) -> dict:
@@ -155,13 +139,13 @@ def test_binary_edge_values():
     zero divisors, tiny and huge operands; float64 values float32 cannot hold, kept to a few
     ulps; int64 past 2**24 and 2**53 exactly (integer division by zero raises in torch, so
     the integer dividing ops get nonzero divisors)."""
-    for dtype, values in (
+    for dtype, points in (
         (torch.float32, EDGE_VALUES),
         (torch.bfloat16, EDGE_VALUES),
         (torch.float64, FLOAT64_VALUES),
         (torch.int64, BIG_INTS),
     ):
-        a, b = _pairs(values, dtype)
+        a, b = _pairs(points, dtype)
         nonzero = torch.where(b == 0, torch.ones((), dtype=dtype), b)
         fns = {}
         for n, f in {**BINARY, **{f"cmp_{n}": f for n, f in COMPARE.items()}}.items():
@@ -186,8 +170,8 @@ def _finite_quotient_divisors(a, b):
 
 def test_unary_edge_values_of_64_bit_values():
     """float64 values float32 cannot hold (kept to a few ulps) and int64 past 2**53, exactly."""
-    for dtype, values in ((torch.float64, FLOAT64_VALUES), (torch.int64, BIG_INTS)):
-        x = torch.tensor(values, dtype=dtype)
+    for dtype, points in ((torch.float64, FLOAT64_VALUES), (torch.int64, BIG_INTS)):
+        x = torch.tensor(points, dtype=dtype)
         fns = {n: f for n, f in UNARY.items() if _accepts("unary", n, dtype)}
         fns = {n: _finite_only(f) if n in FINITE_ONLY else f for n, f in fns.items()}
         check_many_against_eager(fns, x, tolerance=_edge_tol)
@@ -198,41 +182,68 @@ def _finite_only(fn):
 
 
 @PROPERTY
-@given(
-    shape=array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4),
-    dtype=st.sampled_from(DTYPES),
-    seed=st.integers(0, 2**16),
-)
-def test_unary(shape, dtype, seed):
-    fns = {n: f for n, f in UNARY.items() if _accepts("unary", n, dtype)}
-    check_many_against_eager(fns, _values(shape, dtype, seed), tolerance=_tol)
+@given(shape=shapes(), dtype=st.sampled_from(DTYPES), seed=seeds(), edges=st.booleans())
+@example(shape=(), dtype=torch.float32, seed=0, edges=False)
+@example(shape=(), dtype=torch.int64, seed=1, edges=True)
+@example(shape=(3, 0, 2), dtype=torch.bfloat16, seed=2, edges=False)
+@example(shape=(7, 300), dtype=torch.float32, seed=3, edges=True)  # past a thousand elements
+@example(shape=(1100,), dtype=torch.int64, seed=4, edges=True)
+def test_unary(shape, dtype, seed, edges):
+    fns = {n: _finite_only(f) if n in FINITE_ONLY else f for n, f in UNARY.items()}
+    fns = {n: f for n, f in fns.items() if _accepts("unary", n, dtype)}
+    check_many_against_eager(fns, values(shape, dtype, seed, edges=edges), tolerance=_tol)
 
 
 @PROPERTY
 @given(
     shapes=mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3, max_side=4),
     dtypes=st.tuples(st.sampled_from(DTYPES), st.sampled_from(DTYPES)),
-    seed=st.integers(0, 2**16),
+    seed=seeds(),
+    edges=st.booleans(),
 )
-def test_binary_broadcast_and_promotion(shapes, dtypes, seed):
-    """Tensor ⊕ tensor with broadcasting and torch's type promotion (int × float, bf16 × f32)."""
-    a = _values(shapes.input_shapes[0], dtypes[0], seed)
-    b = _values(shapes.input_shapes[1], dtypes[1], seed + 1, nonzero=True)
+@example(
+    shapes=BroadcastableShapes(((1200,), ()), (1200,)),
+    dtypes=(torch.int64, torch.int64),
+    seed=0,
+    edges=True,
+)
+@example(
+    shapes=BroadcastableShapes(((3, 1, 400), (5, 1)), (3, 5, 400)),
+    dtypes=(torch.float32, torch.bfloat16),
+    seed=1,
+    edges=True,
+)
+@example(
+    shapes=BroadcastableShapes(((0, 3), (1, 3)), (0, 3)),
+    dtypes=(torch.bool, torch.int64),
+    seed=2,
+    edges=False,
+)
+def test_binary_broadcast_and_promotion(shapes, dtypes, seed, edges):
+    """Tensor ⊕ tensor with broadcasting and torch's type promotion (int × float, bf16 × f32),
+    edge values included (NaN, ±inf, -0.0, zero divisors, integers past 2**53)."""
+    a = values(shapes.input_shapes[0], dtypes[0], seed, edges=edges)
+    b = values(shapes.input_shapes[1], dtypes[1], seed + 1, edges=edges, nonzero=True)
     fns = {n: f for n, f in BINARY.items() if _accepts("binary", n, *dtypes)}
+    for n in {"fmod", "remainder"} & set(fns):
+        fns[n] = lambda a, b, f=fns[n]: f(a, _finite_quotient_divisors(a, b))
     fns |= {f"cmp_{n}": f for n, f in COMPARE.items() if _accepts("compare", n, *dtypes)}
     check_many_against_eager(fns, a, b, tolerance=_tol)
 
 
 @PROPERTY
 @given(
-    shape=array_shapes(min_dims=0, max_dims=3, max_side=4),
+    shape=shapes(),
     dtype=st.sampled_from(DTYPES),
-    scalar=st.sampled_from([2, -3, 0.5, -1.25, True]),
-    seed=st.integers(0, 2**16),
+    scalar=st.sampled_from([2, -3, 0.5, -1.25, True, 0, -0.0, float("inf"), 2**40 + 1]),
+    seed=seeds(),
 )
+@example(shape=(), dtype=torch.int64, scalar=2**53 + 1, seed=0)
+@example(shape=(2, 600), dtype=torch.float32, scalar=float("nan"), seed=1)
 def test_scalar_operands(shape, dtype, scalar, seed):
-    """Python scalars on either side: an int or float scalar promotes only across categories."""
-    x = _values(shape, dtype, seed)
+    """Python scalars on either side: an int or float scalar promotes only across categories;
+    zero, -0.0, inf, NaN and integers past float32's and float64's mantissas among them."""
+    x = values(shape, dtype, seed)
     fns = {
         f"{n}{side}": (lambda x, f=f: f(x, scalar))
         if side == "_r"
@@ -242,7 +253,9 @@ def test_scalar_operands(shape, dtype, scalar, seed):
         if n not in ("rsub", "nextafter", "xlogy")
     }
     fns |= {f"cmp_{n}": (lambda x, f=f: f(x, scalar)) for n, f in COMPARE.items()}
-    fns = {n: f for n, f in fns.items() if eager_accepts(f, x) and not _divides_by_zero(n, x)}
+    fns = {
+        n: f for n, f in fns.items() if eager_accepts(f, x) and not _divides_by_zero(n, x, scalar)
+    }
     if dtype == torch.bool and scalar is True:  # eager says bool, torch's meta kernel int64
         fns.pop("pow_r", None)
     check_many_against_eager(fns, x, tolerance=_tol)
@@ -268,22 +281,24 @@ def test_16_bit_ops_take_python_scalars_at_float32_and_round_once():
             assert torch.equal(compiled(x), expected), (name, dtype, compiled(x), expected)
 
 
-def _divides_by_zero(name: str, x: torch.Tensor) -> bool:
-    """Integer division of a scalar by x (integer) is undefined where x is zero."""
-    return name.removesuffix("_l") in DIVIDES and name.endswith("_l") and not x.is_floating_point()
+def _divides_by_zero(name: str, x: torch.Tensor, scalar) -> bool:
+    """Integer division by an integer zero raises in torch: of a scalar by x, or of x by 0."""
+    if name.removesuffix("_l").removesuffix("_r") not in DIVIDES or x.is_floating_point():
+        return False
+    return name.endswith("_l") or (scalar == 0 and not isinstance(scalar, float))
 
 
 @PROPERTY
 @given(
     shapes=mutually_broadcastable_shapes(num_shapes=3, min_dims=0, max_dims=3, max_side=4),
     dtype=st.sampled_from((torch.float32, torch.bfloat16, torch.int64)),
-    seed=st.integers(0, 2**16),
+    seed=seeds(),
 )
 def test_where_and_clamp(shapes, dtype, seed):
     c_shape, a_shape, b_shape = shapes.input_shapes
-    cond = _values(c_shape, torch.bool, seed)
-    a, b = _values(a_shape, dtype, seed + 1), _values(b_shape, torch.float32, seed + 2)
-    lo, hi = _values(b_shape, dtype, seed + 3), _values(b_shape, dtype, seed + 4) + 5
+    cond = values(c_shape, torch.bool, seed)
+    a, b = values(a_shape, dtype, seed + 1), values(b_shape, torch.float32, seed + 2)
+    lo, hi = values(b_shape, dtype, seed + 3), values(b_shape, dtype, seed + 4) + 5
     fns = {
         "where": lambda c, a, b, lo, hi: torch.where(c, a, b),
         "where_scalar": lambda c, a, b, lo, hi: torch.where(c, a, 2),

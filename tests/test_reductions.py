@@ -1,18 +1,18 @@
-"""Reduction rules against eager torch: properties over shapes (0-d, size 1), dims (random
-subsets, negative), keepdim and dtypes; every reduction of a drawn case is compiled in one graph.
+"""Reduction rules against eager torch: properties over shapes (0-d, size 1, empty dims, over a
+thousand elements), dims (random subsets, negative), keepdim, dtypes and values (ties, NaN,
+±inf, -0.0, integers past 2**53); every reduction of a drawn case is compiled in one graph.
 """
 
 from __future__ import annotations
 
 import torch
-from hypothesis import Phase, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
-from hypothesis.extra.numpy import array_shapes
 
 from tests.helpers import check_many_against_eager, eager_accepts
+from tests.strategies import PROPERTY, seeds, shapes, values
 
 DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool)
-PROPERTY = settings(max_examples=15, deadline=None, phases=(Phase.explicit, Phase.generate))
 
 # Tolerances: (rtol, atol) per result dtype, then per (op, dtype) where an op needs more.
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1.6e-2, 1e-2)}
@@ -22,6 +22,9 @@ OP_TOLERANCES = {
     ("var_mean", torch.bfloat16): (3e-2, 3e-2),
     ("cumsum", torch.bfloat16): (3e-2, 5e-2),  # eager accumulates in bfloat16, we in float32
     ("cumprod", torch.bfloat16): (3e-2, 5e-2),
+    # eager rounds each partial product to bfloat16 (3.5% off float64 over 40 values), ours
+    # rounds once (0.3%)
+    ("prod", torch.bfloat16): (5e-2, 1e-2),
 }
 
 
@@ -74,42 +77,40 @@ WHOLE = {
 }
 
 
-def _values(shape, dtype, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.rand(shape, generator=gen) > 0.5
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=gen).to(dtype)
-    return torch.randint(-4, 5, shape, generator=gen)  # ties for arg reductions
-
-
 @st.composite
 def cases(draw):
-    shape = draw(array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=4))
-    rank = max(len(shape), 1)
+    shape = draw(st.one_of(shapes(), shapes(min_side=1, max_side=2, max_dims=4)))
+    rank = len(shape)
     dims = draw(st.lists(st.integers(-rank, rank - 1), min_size=1, max_size=rank, unique=True))
     dims = [d for i, d in enumerate(dims) if d % rank not in {e % rank for e in dims[:i]}]
-    return shape, dims, draw(st.booleans()), draw(st.sampled_from(DTYPES)), draw(st.integers())
+    dtype = draw(st.sampled_from(DTYPES))
+    return shape, dims, draw(st.booleans()), dtype, draw(seeds()), draw(st.booleans())
 
 
 @PROPERTY
 @given(case=cases())
+@example(case=((), [0], False, torch.float32, 0, False))
+@example(case=((), [-1], True, torch.int64, 1, True))
+@example(case=((3, 0, 2), [1], False, torch.float32, 2, False))  # reduced over an empty dim
+@example(case=((0, 4), [1], True, torch.int64, 3, False))  # an empty result
+@example(case=((3, 500), [1], False, torch.float32, 4, True))  # past a thousand elements
+@example(case=((1200,), [0], False, torch.int64, 5, True))
+@example(case=((40, 30), [0, 1], True, torch.bfloat16, 6, False))
 def test_reductions(case):
-    shape, dims, keepdim, dtype, seed = case
-    x = _values(shape, dtype, seed % 2**16)
+    shape, dims, keepdim, dtype, seed, edges = case
+    x = values(shape, dtype, seed, edges=edges)
     fns = _over_dims(dims, keepdim) | _along_dim(dims[0], keepdim)
     fns = {n: f for n, f in fns.items() if eager_accepts(f, x)}
     check_many_against_eager(fns, x, tolerance=_tol)
 
 
 @PROPERTY
-@given(
-    shape=array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=5),
-    dtype=st.sampled_from(DTYPES),
-    seed=st.integers(0, 2**16),
-)
-def test_whole_tensor_reductions(shape, dtype, seed):
-    x = _values(shape, dtype, seed)
+@given(shape=shapes(), dtype=st.sampled_from(DTYPES), seed=seeds(), edges=st.booleans())
+@example(shape=(), dtype=torch.int64, seed=0, edges=True)
+@example(shape=(0, 3), dtype=torch.float32, seed=1, edges=False)
+@example(shape=(2, 700), dtype=torch.float32, seed=2, edges=True)
+def test_whole_tensor_reductions(shape, dtype, seed, edges):
+    x = values(shape, dtype, seed, edges=edges)
     fns = {n: f for n, f in WHOLE.items() if eager_accepts(f, x)}
     check_many_against_eager(fns, x, tolerance=_tol)
 

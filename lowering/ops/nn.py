@@ -595,8 +595,19 @@ def nll_loss_forward(x, target, weight, reduction, ignore_index):
 
 @register_lowering(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
 def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
-    forward = lambda x_: _nll(x_, target, weight, reduction, ignore_index)[0]  # noqa: E731
-    return jax.vjp(forward, x)[1](grad.astype(x.dtype))[0]
+    """torch's kernel: -weight * grad (over the total weight for a mean) at each target's
+    class; 0 elsewhere and for ignored targets, also when every target is ignored (the vjp
+    of the mean was 0/0 = NaN there)."""
+    axis = 1 if x.ndim >= 2 else 0
+    keep = target != ignore_index
+    safe = jnp.where(keep, target, 0)
+    w = jnp.ones(safe.shape, x.dtype) if weight is None else jnp.take(weight, safe)
+    g = grad.astype(x.dtype)
+    if reduction == 1:
+        g = g / total_weight.astype(x.dtype)
+    value = jnp.where(keep, -w.astype(x.dtype) * g, jnp.zeros((), x.dtype))
+    hit = jnp.expand_dims(safe, axis) == lax.broadcasted_iota(safe.dtype, x.shape, axis)
+    return jnp.where(hit, jnp.expand_dims(value, axis), jnp.zeros((), x.dtype))
 
 
 def _multilabel_margin(x, target, reduction):

@@ -23,6 +23,9 @@ import time
 import torch
 from torch.utils import _pytree as pytree
 
+from . import compare, randomness
+from .outcome import Outcome, entry_name
+
 DTYPES = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -30,72 +33,9 @@ DTYPES = {
     "bool": torch.bool,
 }
 
-# Tolerances per dtype (one table): XLA may fuse and reassociate, so float32 is not bitwise.
-TOLERANCES = {
-    torch.float32: {"rtol": 1e-4, "atol": 1e-5},
-    torch.bfloat16: {"rtol": 2e-2, "atol": 2e-2},
-    torch.float64: {"rtol": 1e-7, "atol": 1e-7},
-    torch.complex64: {"rtol": 1e-4, "atol": 1e-5},  # complex results of float32 inputs (FFTs)
-    torch.complex128: {"rtol": 1e-7, "atol": 1e-7},
-}
-
-# Unstable sorts: the order of equal values is unspecified (eager's own stable=True differs).
-TIE_ORDER = frozenset(
-    {"sort", "argsort", "msort", "topk", "kthvalue", "median", "nanmedian", "mode"}
-)
-
-# Dtypes compared against a float64 computation when they differ from eager.
-LOW_PRECISION = (torch.bfloat16, torch.float16)
-
-# Entries whose values are random or uninitialized: only shapes and dtypes can be compared.
-NONDETERMINISTIC = frozenset(
-    {
-        "bernoulli",
-        "empty",
-        "empty_like",
-        "empty_strided",
-        "empty_permuted",
-        "new_empty",
-        "new_empty_strided",
-        "nn.functional.alpha_dropout",
-        "nn.functional.dropout",
-        "nn.functional.dropout2d",
-        "nn.functional.dropout3d",
-        "nn.functional.feature_alpha_dropout.with_train",
-        "nn.functional.feature_alpha_dropout.without_train",
-        "nn.functional.multi_head_attention_forward",
-        "nn.functional.rrelu",
-        "rand_like",
-        "randint",
-        "randint_like",
-        "randn",
-        "randn_like",
-        "normal",
-        "normal.number_mean",
-        "normal.in_place",
-        "uniform",
-        "multinomial",
-        "cauchy",
-        "exponential",
-        "geometric",
-        "log_normal",
-    }
-)
-
 # Statuses: "pass" | "random" (nondeterministic: shapes and dtypes match) | "mismatch" (a wrong answer: never acceptable) | "unsupported" (an op has no
 # rule) | "lowering_error" | "untraceable" (data-dependent shapes etc.: Dynamo graph-breaks and
 # eager runs it) | "eager_error" (eager torch rejects the sample) | "no_samples".
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    status: str
-    detail: str = ""
-
-
-def entry_name(op) -> str:
-    """The OpInfo entry's name as in the expected-failure table: name or name.variant."""
-    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
 
 
 @functools.cache
@@ -203,105 +143,28 @@ def run_entry(op, dtype: torch.dtype, samples: int = 3, baseline: str | None = N
     except Exception as e:
         status = "lowering_error" if traced else "untraceable"
         return Outcome(status, f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
-    random_entry = entry_name(op) in NONDETERMINISTIC
+    name = entry_name(op)
+    tol = compare.tolerance(op, dtype)
     outcomes, start = [], 0
     for case, count in zip(cases, counts):
         got, want = actual[start : start + count], expected[start : start + count]
         start += count
-        if random_entry or _is_random_sample(case):
-            outcomes.append(_compare_metadata(got, want))
+        if randomness.draws(name, case):
+            outcomes.append(compare.compare_metadata(got, want))
+            continue
+        if name in compare.INDEXED:
+            outcome = compare.compare_indexed(name, case, got, want, tol)
         else:
-            outcomes.append(_compare(got, want, _tolerance(op, dtype)))
-            if outcomes[-1].status == "mismatch" and entry_name(op) in TIE_ORDER:
-                outcomes[-1] = _tie_order(got, want, outcomes[-1], case)
-            if outcomes[-1].status == "mismatch" and dtype in LOW_PRECISION:
-                outcomes[-1] = _compare_to_float64(
-                    got, want, functools.partial(reference, case), outcomes[-1]
-                )
+            outcome = compare.compare(got, want, tol)
+        if outcome.status == "mismatch" and dtype in compare.LOW_PRECISION:
+            outcome = compare.compare_to_float64(
+                got, want, functools.partial(reference, case), outcome
+            )
+        outcomes.append(outcome)
     failed = [o for o in outcomes if o.status == "mismatch"]
     if failed:
         return failed[0]
     return outcomes[0] if all(o.status == "random" for o in outcomes) else Outcome("pass")
-
-
-def _compare_to_float64(got, want, reference, direct: Outcome) -> Outcome:
-    """Low-precision results that differ from eager pass when they are no less accurate than
-    eager's against a float64 computation (torch._dynamo.utils.same's fp64 criterion)."""
-    from torch._dynamo.utils import same
-
-    try:
-        fp64 = reference()
-    except Exception:
-        return direct
-    if len(fp64) == len(want) and same(want, got, fp64_ref=fp64, tol=2e-2, equal_nan=True):
-        return Outcome("pass")
-    return direct
-
-
-def _tie_order(got, want, direct: Outcome, case) -> Outcome:
-    """Index outputs of an unstable sort may order equal values differently from eager: accept
-    when every value output matches exactly and only index outputs differ; an indices-only
-    output (argsort) must select the same values from the input as eager's indices do."""
-    exact = {"rtol": 0, "atol": 0}
-    if any(w.is_floating_point() for w in want):
-        values = [(g, w) for g, w in zip(got, want) if w.is_floating_point()]
-        if all(_compare((g,), (w,), exact).status == "pass" for g, w in values):
-            return Outcome("pass", "index outputs differ only in the order of equal values")
-        return direct
-    source = case.input
-    dim = case.kwargs.get("dim", case.args[0] if case.args else -1)
-    if len(got) != 1 or not isinstance(source, torch.Tensor) or source.dim() == 0:
-        return direct
-    picked = torch.take_along_dim(source, got[0], dim)
-    expected = torch.take_along_dim(source, want[0], dim)
-    if _compare((picked,), (expected,), exact).status == "pass":
-        return Outcome(
-            "pass", "indices select the same values as eager's (ties ordered differently)"
-        )
-    return direct
-
-
-def _is_random_sample(case) -> bool:
-    """A sample that draws random numbers (dropout in attention, say)."""
-    return bool(case.kwargs.get("dropout_p", 0)) or (
-        case.kwargs.get("training", False) and bool(case.kwargs.get("p", 0))
-    )
-
-
-def _tolerance(op, dtype) -> dict:
-    """Our tolerance for `dtype`, widened to the op's own OpInfo override where it has one."""
-    from torch.testing._internal.common_device_type import toleranceOverride
-
-    tolerance = dict(TOLERANCES.get(dtype, {"rtol": 0, "atol": 0}))
-    for info in op.decorators:
-        for decorator in getattr(info, "decorators", ()):
-            if isinstance(decorator, toleranceOverride) and dtype in decorator.d:
-                override = decorator.d[dtype]
-                tolerance["atol"] = max(tolerance["atol"], override.atol)
-                tolerance["rtol"] = max(tolerance["rtol"], override.rtol)
-    return tolerance
-
-
-def _compare(actual, expected, tolerance: dict) -> Outcome:
-    if len(actual) != len(expected):
-        return Outcome("mismatch", f"{len(actual)} outputs, eager has {len(expected)}")
-    for index, (got, want) in enumerate(zip(actual, expected)):
-        if not (want.is_floating_point() or want.is_complex()):
-            tolerance = {"rtol": 0, "atol": 0}
-        try:
-            torch.testing.assert_close(got, want, equal_nan=True, **tolerance)
-        except AssertionError as e:
-            summary = " ".join(str(e).split())[:300]
-            return Outcome("mismatch", f"output {index}: {summary}")
-    return Outcome("pass")
-
-
-def _compare_metadata(actual, expected) -> Outcome:
-    got = [(tuple(t.shape), t.dtype) for t in actual]
-    want = [(tuple(t.shape), t.dtype) for t in expected]
-    if got != want:
-        return Outcome("mismatch", f"shapes/dtypes {got}, eager {want}")
-    return Outcome("random", "values not comparable; shapes and dtypes match")
 
 
 def run_all(dtypes, samples: int, names=None, progress=None, baseline=None) -> dict:

@@ -31,18 +31,18 @@ def main(argv=None) -> int:
     unknown = sorted(set(files) - set(TARGETS))
     if unknown:
         parser.error(f"no tests are mapped for {', '.join(unknown)} (tools/mutation/plan.py)")
+    command = shlex.join(["python", "-m", "tools.mutation", *(argv or sys.argv[1:])])
+    out = repo / args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
     results = []
     with workspace(repo, args.rev) as ws:
         for path in files:
             print(f"mutating {path} ...", file=sys.stderr, flush=True)
             results.append(run.run_file(ws, path, args.sample, args.seed, args.time_box))
             print("\n".join(report.table(results[-1:])), file=sys.stderr, flush=True)
-    command = shlex.join(["python", "-m", "tools.mutation", *(argv or sys.argv[1:])])
-    out = repo / args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report.markdown(results, command))
-    if args.json:
-        (repo / args.json).write_text(json.dumps(report.as_json(results), indent=1) + "\n")
+            out.write_text(report.markdown(results, command))  # after each file: a partial run
+            if args.json:
+                (repo / args.json).write_text(json.dumps(report.as_json(results), indent=1))
     print(f"wrote {out}", file=sys.stderr)
     named_alive = [m for r in results for m in r.named if m.outcome != "killed"]
     low = [r.path for r in results if (report.score(r) or 0) < args.min_score]

@@ -101,7 +101,8 @@ def run_file(ws: Workspace, path: str, size: int, seed: int, time_box: float) ->
             mutant.outcome = "no tests"
             continue
         start = time.monotonic()
-        result = mutate_and_test(item.mutations, ws.pytest_command(sorted(selected)), timeout)
+        command = ws.pytest_command(cmap.quickest_first(selected))
+        result = mutate_and_test(item.mutations, command, timeout)
         mutant.seconds = time.monotonic() - start
         if result.worker_outcome != WorkerOutcome.NORMAL:
             mutant.outcome, mutant.detail = "error", (result.output or "")[-500:]
@@ -122,7 +123,7 @@ def _run_named(ws, named: Named, source, cmap, tests, timeout) -> Mutant:
     module.write_text(source.replace(named.original, named.mutated))
     try:
         start = time.monotonic()
-        command = ws.pytest_command(sorted(_selected(source, line, cmap, tests)))
+        command = ws.pytest_command(cmap.quickest_first(_selected(source, line, cmap, tests)))
         outcome, output = run_tests(command, timeout)
         mutant.seconds = time.monotonic() - start
     finally:

@@ -64,9 +64,14 @@ def workspace(repo: Path, rev: str = "HEAD") -> Iterator[Workspace]:
     for source, target in _LAYOUT.items():
         shutil.move(staging / source, root / target)
     shutil.move(staging / "pyproject.toml", root / "pyproject.toml")  # pytest's settings
-    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
+    settings = {
+        "PYTHONPATH": str(root),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "TPU_INDUCTOR_HYPOTHESIS_PROFILE": "mutation",  # tests/conftest.py: fewer drawn cases
+    }
+    saved = {name: os.environ.get(name) for name in settings}
     cwd = os.getcwd()
-    os.environ.update(PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
+    os.environ.update(settings)
     os.chdir(root)
     try:
         yield Workspace(root)
