@@ -45,6 +45,12 @@ NAMED: tuple[Named, ...] = (
         "out = jnp.where(mask, cast(cast(value, jnp.float32), x.dtype), x)",
     ),
     Named(
+        "nll_loss's backward credits targets equal to ignore_index",
+        "lowering/ops/nn.py",
+        "value = jnp.where(keep, -w.astype(x.dtype) * g, jnp.zeros((), x.dtype))",
+        "value = -w.astype(x.dtype) * g",
+    ),
+    Named(
         "nextafter of 16-bit floats steps by float32's ulp",
         "lowering/ops/pointwise.py",
         "return jnp.nextafter(cast(a, ctx.out_dtype), cast(b, ctx.out_dtype))",
