@@ -162,6 +162,37 @@ def test_binary_edge_values():
         check_many_against_eager(fns, a, b, nonzero, tolerance=_edge_tol)
 
 
+aten = torch.ops.aten
+# Ternary ops, activation gradients and activations at arguments other than their defaults:
+# name → fn(x, a, b, g), g a gradient.
+TERNARY = {
+    "lerp": lambda x, a, b, g: torch.lerp(x, a, 0.3),
+    "lerp_tensor": lambda x, a, b, g: torch.lerp(x, a, b),
+    "addcmul": lambda x, a, b, g: torch.addcmul(x, a, b),
+    "addcmul_value": lambda x, a, b, g: torch.addcmul(x, a, b, value=-0.5),
+    "addcdiv": lambda x, a, b, g: torch.addcdiv(x, a, b),
+    "addcdiv_value": lambda x, a, b, g: torch.addcdiv(x, a, b, value=2.5),
+    "sigmoid_backward": lambda x, a, b, g: aten.sigmoid_backward(g, torch.sigmoid(x)),
+    "tanh_backward": lambda x, a, b, g: aten.tanh_backward(g, torch.tanh(x)),
+    "silu_backward": lambda x, a, b, g: aten.silu_backward(g, x),
+    "threshold_backward": lambda x, a, b, g: aten.threshold_backward(g, x, 0.5),
+    "gelu_backward": lambda x, a, b, g: aten.gelu_backward(g, x),
+    "gelu_backward_tanh": lambda x, a, b, g: aten.gelu_backward(g, x, approximate="tanh"),
+    "hardtanh": lambda x, a, b, g: torch.nn.functional.hardtanh(x, -2.0, 0.5),
+    "leaky_relu": lambda x, a, b, g: torch.nn.functional.leaky_relu(x, 0.2),
+    "elu": lambda x, a, b, g: aten.elu(x, 0.5, 2.0, 1.5),
+    "softplus": lambda x, a, b, g: torch.nn.functional.softplus(x, beta=2.0, threshold=3.0),
+    "round_negative_decimals": lambda x, a, b, g: torch.round(x * 100, decimals=-1),
+}
+
+
+def test_ternary_ops_and_activation_gradients():
+    """Edge values included (NaN, ±inf, -0.0, zero divisors for addcdiv)."""
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        args = [values((64,), dtype, seed, edges=seed % 2 == 0) for seed in range(4)]
+        check_many_against_eager(TERNARY, *args, tolerance=_edge_tol)
+
+
 def _finite_quotient_divisors(a, b):
     """b, with 1 where a / b overflows: there eager's vectorized CPU fmod and remainder
     (a - trunc(a / b) * b) return NaN for fmod(1e30, 1e-30), ours the exact remainder (numpy's)."""

@@ -266,7 +266,10 @@ def clamp_max(x, high):
 
 @elementwise(aten.lerp)
 def lerp(start, end, weight):
-    return start + weight * (end - start)
+    """torch's two-sided formula: exact at weight 1, and eager's value where start or end is
+    infinite (start + weight * (end - start) gave NaN for lerp(inf, 1, 0.7), eager -inf)."""
+    diff = end - start
+    return jnp.where(jnp.abs(weight) < 0.5, start + weight * diff, end - diff * (1 - weight))
 
 
 @elementwise(aten.addcmul)

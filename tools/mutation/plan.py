@@ -51,6 +51,12 @@ NAMED: tuple[Named, ...] = (
         "value = -w.astype(x.dtype) * g",
     ),
     Named(
+        "lerp takes the one-sided formula (NaN where eager's is infinite)",
+        "lowering/ops/pointwise.py",
+        "return jnp.where(jnp.abs(weight) < 0.5, start + weight * diff, end - diff * (1 - weight))",
+        "return start + weight * diff",
+    ),
+    Named(
         "nextafter of 16-bit floats steps by float32's ulp",
         "lowering/ops/pointwise.py",
         "return jnp.nextafter(cast(a, ctx.out_dtype), cast(b, ctx.out_dtype))",
