@@ -58,9 +58,10 @@ def outer(x, scale=2.0):
 
 def test_a_mutant_runs_the_tests_of_its_innermost_function():
     assert coverage_map.function_region(_SOURCE, 2) is None  # module level: every test
-    assert coverage_map.function_region(_SOURCE, 5) == range(5, 11)  # the decorator
-    assert coverage_map.function_region(_SOURCE, 6) == range(5, 11)  # a default argument
-    assert coverage_map.function_region(_SOURCE, 8) == range(7, 9)
+    assert coverage_map.function_region(_SOURCE, 5) == range(7, 11)  # the decorator: the body
+    assert coverage_map.function_region(_SOURCE, 6) == range(7, 11)  # a default argument
+    assert coverage_map.function_region(_SOURCE, 7) == range(8, 9)  # inner's def line
+    assert coverage_map.function_region(_SOURCE, 8) == range(8, 9)
     lines = {7: frozenset({"t::a"}), 8: frozenset({"t::b"}), 10: frozenset({"t::c"})}
     cmap = coverage_map.CoverageMap(lines, {"t::a": 3.0, "t::b": 0.5}, 1.0)
     assert cmap.tests_for(range(7, 9)) == {"t::a", "t::b"}

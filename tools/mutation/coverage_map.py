@@ -1,8 +1,9 @@
 """Which tests execute each line of a rule file: one run of its tests under coverage.
 
 Coverage records each line's contexts as the node ids of the tests that ran it (contexts.py); a
-mutant then runs the tests that execute any line of the function it changes (decorators and
-default arguments included), and a mutant outside every function runs all the file's tests.
+mutant then runs the tests that execute the body of the function it changes (also when the
+change is in its decorators or default arguments), and a mutant outside every function runs all
+the file's tests.
 The run is also the baseline: tests that fail before any mutation would kill every mutant.
 """
 
@@ -66,12 +67,16 @@ def build(ws: Workspace, repo_path: str, tests: tuple[str, ...]) -> CoverageMap:
 
 
 def function_region(source: str, line: int) -> range | None:
-    """The lines of the innermost function around `line` (its decorators included), or None
-    for module-level code."""
+    """The body lines of the innermost function around `line` (which may be in its decorators
+    or signature), or None for module-level code.
+
+    Only the body: decorators, signature and default arguments run when the module is
+    imported, which happens lazily, inside whichever test first looks a rule up.
+    """
     best = None
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            if start <= line <= node.end_lineno and (best is None or start >= best.start):
-                best = range(start, node.end_lineno + 1)
-    return best
+            if start <= line <= node.end_lineno and (best is None or start >= best[0]):
+                best = start, range(node.body[0].lineno, node.end_lineno + 1)
+    return best[1] if best else None
