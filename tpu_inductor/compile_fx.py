@@ -65,8 +65,8 @@ def compile_graph(
             partition.report_missing(missing, options)
             observer.fallback(missing, device.lowering_platform)
 
-        def compile_region(region, region_observer, region_options):
-            values = dispatch.placeholder_values(region)
+        def compile_region(region, region_observer):
+            values, region_options = dispatch.placeholder_values(region), region_observer.options
             return _compile_whole(region, values, region_observer, region_options, device, ())
 
         return partition.split(gm, options, device.lowering_platform, observer, compile_region)

@@ -291,9 +291,12 @@ class GraphObserver:
         self._last = text
         self._add(_Stage(f"pass_{pass_name}", {".py": text, ".diff": header + "".join(diff)}))
 
-    def region(self, region: str, gm: torch.fx.GraphModule) -> GraphObserver:
-        """The observer of a region of this graph, which starts from this graph's stages."""
-        observer = GraphObserver(f"{self.name}.{region}", self.options)
+    def region(
+        self, region: str, gm: torch.fx.GraphModule, options: Options | None = None
+    ) -> GraphObserver:
+        """The observer of a region of this graph (compiled under `options`, by default this
+        graph's), which starts from this graph's stages."""
+        observer = GraphObserver(f"{self.name}.{region}", options or self.options)
         observer.graph("region", gm)
         return observer
 

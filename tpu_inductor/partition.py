@@ -32,8 +32,8 @@ aten = torch.ops.aten
 _READS_STORAGE = frozenset(
     {aten.as_strided.default, aten.as_strided_copy.default, aten.as_strided_scatter.default}
 )
-# compile_region(region, observer, options) → a boxed callable.
-CompileRegion = Callable[[torch.fx.GraphModule, "GraphObserver", "Options"], Callable]
+# compile_region(region, observer) → a boxed callable (under the observer's options).
+CompileRegion = Callable[[torch.fx.GraphModule, "GraphObserver"], Callable]
 
 
 def missing(gm: torch.fx.GraphModule, options: Options, platform: str) -> dict[str, list[str]]:
@@ -94,7 +94,7 @@ def split(
     observer.graph("partitioned", fused)
     for region, sub in list(fused.named_children()):
         if region.startswith("fused_"):
-            compiled = compile_region(sub, observer.region(region, sub), options)
+            compiled = compile_region(sub, observer.region(region, sub))
             setattr(fused, region, _Unboxed(compiled, sub, _call_of(fused, region)))
     if options.fallback == "torch-mlir":
         fused = _lower_rest_with_torch_mlir(fused, options, platform, observer, compile_region)
@@ -177,7 +177,7 @@ def _lower_rest_with_torch_mlir(fused, options: Options, platform, observer, com
         try:
             if values is None or not all(is_concrete(v) for v in values):
                 raise UnsupportedOpError("its input sizes are symbolic")
-            compiled = compile_region(sub, observer.region(region, sub), tm_options)
+            compiled = compile_region(sub, observer.region(region, sub, tm_options))
         except TpuInductorError as e:
             log.warning(
                 "tpu_inductor: %s.%s (%s) runs in eager torch: %s",
