@@ -41,6 +41,7 @@ SHAPE_CASES = {
     "slice_step": (lambda x: x[:, 1::2], (2, 7)),
     "slice_neg": (lambda x: x[-3:-1], (5, 2)),
     "slice_past_end": (lambda x: x[2:100], (5,)),
+    "slice_before_start": (lambda x: x[-100:2], (5, 3)),
     "select_neg": (lambda x: x[:, -1], (2, 3)),
     "narrow": (lambda x: x.narrow(1, 1, 2), (2, 4)),
     "diagonal": (lambda x: torch.diagonal(x, 1, 0, 1), (3, 4)),
@@ -58,6 +59,7 @@ SHAPE_CASES = {
     "select_scatter": (lambda x: torch.select_scatter(x, x[0] + 1, 0, -1), (3, 2)),
     # of a result: an input read at an explicit offset runs in eager torch (the test below)
     "as_strided": (lambda x: (x + 0).as_strided((3, 2), (1, 3), 1), (3, 4)),
+    "as_strided_empty": (lambda x: (x + 0).as_strided((0,), (1,), 50), (3, 4)),
     "view_dtype": (lambda x: x.view(torch.int32), (2, 3)),
 }
 
@@ -195,6 +197,7 @@ _BYTE_VIEWS = [  # (input, dtype viewed as): sizes change the last dim, as in to
     (_randn(3, 4), torch.int16),
     (_randn(3, 4), torch.float64),
     (_randn(3, 4), torch.complex64),
+    (_randn(2, 3, 4), torch.complex64),
     (_randn(2, 4, dtype=torch.complex64), torch.float32),
     (_randn(2, 4, dtype=torch.complex64), torch.uint8),
     (torch.randint(-9, 9, (2, 8), generator=torch.Generator().manual_seed(1)), torch.int8),
