@@ -301,6 +301,7 @@ _MAX_POOLS = [
     ([3, 3], [2, 2], [1, 1], [1, 1], True),
     ([2, 2], [2, 2], [0, 0], [1, 1], True),  # tiles, the last ones partial
     ([2, 3], [2, 3], [0, 0], [1, 1], False),  # tiles, the last row and columns left out
+    ([3], [2], [1], [1], False),  # one size for both dims
 ]
 
 
@@ -353,6 +354,7 @@ _AVG_POOLS = [
     ([3, 3], [2, 2], [1, 1], True, False, None),
     ([3, 2], [2, 2], [1, 1], True, True, None),
     ([3, 3], [1, 2], [1, 0], False, True, 5),
+    ([3], [2], [1], False, True, None),  # one size for both dims
 ]
 
 
@@ -378,10 +380,11 @@ def test_avg_pool2d_bf16():
 )
 def test_adaptive_avg_pool2d(sizes):
     (h, w), out_size = sizes
-    x = _rand(2, 3, h, w)
-    _run(lambda x: aten._adaptive_avg_pool2d(x, list(out_size)), (x,), F32)
-    grad = _rand(2, 3, *out_size, seed=1)
-    _run(lambda g, x: aten._adaptive_avg_pool2d_backward(g, x), (grad, x), F32)
+    for lead in ((2, 3), (3,)):  # batched, unbatched
+        x = _rand(*lead, h, w)
+        _run(lambda x: aten._adaptive_avg_pool2d(x, list(out_size)), (x,), F32)
+        grad = _rand(*lead, *out_size, seed=1)
+        _run(lambda g, x: aten._adaptive_avg_pool2d_backward(g, x), (grad, x), F32)
 
 
 _ADAPTIVE_MAX = torch.nn.functional.adaptive_max_pool2d, torch.nn.functional.adaptive_max_pool3d
