@@ -251,15 +251,26 @@ def test_size_cap_evicts_least_recently_used(tmp_path):
     assert cache.counters["disk_evict"] == evicted + 1
 
 
-def test_value_without_a_disk_form_is_skipped(tmp_path):
+@pytest.mark.parametrize(
+    "error",
+    [ValueError("no JSON form"), RuntimeError("UNIMPLEMENTED: `LessThan` is not serializable.")],
+    ids=["no_json_form", "executable_not_serializable"],
+)
+def test_value_without_a_disk_form_is_skipped(tmp_path, caplog, error):
+    """A value with no disk form is compiled and used, not stored: never a crash (PJRT cannot
+    serialize XLA:CPU's sort of complex numbers: that one is a warning)."""
     disk = cache.DiskCache(tmp_path, max_bytes=2**20)
 
-    def encode():
-        raise ValueError("no JSON form")
+    def encode(_value):
+        raise error
 
     skipped = cache.counters["disk_skip"]
-    disk.store(cache.CacheKey.of([("n", 1)]), encode, "")
+    value = cache.MemoryCache().get_or_compile(
+        [("n", 1)], lambda: "compiled", disk=disk, codec=cache.Codec(encode, None), label="g"
+    )
+    assert value == "compiled"
     assert cache.counters["disk_skip"] == skipped + 1 and not _entry_dirs(tmp_path)
+    assert ("LessThan" in caplog.text) == isinstance(error, RuntimeError)
 
 
 def _leftover(directory, name: str, age_s: float):

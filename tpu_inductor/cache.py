@@ -378,6 +378,16 @@ class DiskCache:
             counters["disk_skip"] += 1
             log.debug("compile cache: not stored on disk: %s", e)
             return
+        except Exception as e:  # e.g. PJRT cannot serialize an executable (XLA:CPU's sort of
+            counters["disk_skip"] += 1  # complex numbers: "`LessThan` is not serializable")
+            log.warning(
+                "tpu_inductor: compile cache: %s is not stored on disk (compiled again in a new "
+                "process): %s: %s",
+                label,
+                type(e).__name__,
+                e,
+            )
+            return
         temp = files.temp_beside(self.directory / key.digest, key.digest[:16])
         try:
             temp.mkdir(mode=0o700)
