@@ -250,6 +250,12 @@ def test_unary(shape, dtype, seed, edges):
     seed=2,
     edges=False,
 )
+@example(  # a bool tensor times inf: XLA's simplifier made False * inf 0, torch's is nan
+    shapes=BroadcastableShapes(((64,), (64,)), (64,)),
+    dtypes=(torch.bool, torch.float32),
+    seed=3,
+    edges=True,
+)
 def test_binary_broadcast_and_promotion(shapes, dtypes, seed, edges):
     """Tensor ⊕ tensor with broadcasting and torch's type promotion (int × float, bf16 × f32),
     edge values included (NaN, ±inf, -0.0, zero divisors, integers past 2**53)."""
@@ -271,6 +277,7 @@ def test_binary_broadcast_and_promotion(shapes, dtypes, seed, edges):
 )
 @example(shape=(), dtype=torch.int64, scalar=2**53 + 1, seed=0)
 @example(shape=(2, 600), dtype=torch.float32, scalar=float("nan"), seed=1)
+@example(shape=(4, 4, 4), dtype=torch.bool, scalar=float("inf"), seed=558)  # False * inf is nan
 def test_scalar_operands(shape, dtype, scalar, seed):
     """Python scalars on either side: an int or float scalar promotes only across categories;
     zero, -0.0, inf, NaN and integers past float32's and float64's mantissas among them."""

@@ -81,9 +81,9 @@ _UNARY = {
     aten.i0: jax.scipy.special.i0,
 }
 
-# Binary ops: aten op → jax function of the two promoted operands.
+# Binary ops: aten op → jax function of the two promoted operands. (torch's xlogy(0, nan) is
+# nan; jax's is 0.)
 _BINARY = {
-    aten.mul: jnp.multiply,
     aten.atan2: jnp.arctan2,
     aten.maximum: jnp.maximum,
     aten.minimum: jnp.minimum,
@@ -99,7 +99,7 @@ _BINARY = {
     aten.bitwise_xor: jnp.bitwise_xor,
     aten.bitwise_left_shift: jnp.left_shift,
     aten.bitwise_right_shift: jnp.right_shift,
-    aten.xlogy: jax.scipy.special.xlogy,
+    aten.xlogy: lambda x, y: jnp.where(jnp.isnan(y), y, jax.scipy.special.xlogy(x, y)),
 }
 
 # Comparisons compute in the promoted dtype and return bool.
@@ -151,6 +151,25 @@ def _scaled(x, alpha):
     if isinstance(alpha, (bool, int, float)):
         return x if alpha == 1 else x * alpha
     return x * cast(alpha, x.dtype)
+
+
+@register_lowering(aten.mul, needs_ctx=True)
+@takes_traced_scalars
+def mul(ctx, a, b):
+    """a * b in torch's promoted dtype. A bool operand times a float is `where(p, y, y * 0)`:
+    multiplied as written, XLA's simplifier turns convert(p) * y into select(p, y, 0), which
+    drops torch's False * inf = nan (and the sign of False * -y)."""
+    dtype = accumulation_dtype(ctx.compute_dtype())
+    if _is_bool_array(b) and jnp.issubdtype(dtype, jnp.inexact):
+        a, b = b, a
+    y = cast(b, dtype)
+    if _is_bool_array(a) and jnp.issubdtype(dtype, jnp.inexact):
+        return cast(jnp.where(a, y, y * jnp.zeros((), dtype)), ctx.out_dtype)
+    return cast(jnp.multiply(cast(a, dtype), y), ctx.out_dtype)
+
+
+def _is_bool_array(v) -> bool:
+    return getattr(v, "dtype", None) == jnp.bool_
 
 
 @elementwise(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor, aten.true_divide.Scalar)
