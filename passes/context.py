@@ -32,6 +32,8 @@ class PassContext:
     # Whether a node's lowering rule takes a traced 0-d value where the op has a scalar (the
     # one thing passes ask of the lowering; compile_fx passes lowering's answer in).
     takes_traced_scalars: Callable[[torch.fx.Node], bool] = _no_traced_scalars
+    # Whether the lowering has a rule for a node (None: not asked; the partitioner decides).
+    supported: Callable[[torch.fx.Node], bool] | None = None
     # Rewrites of this run, "<pass>.<what>" → count (and of the running pass, by `what`).
     counters: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     rewrites: collections.Counter = dataclasses.field(default_factory=collections.Counter)

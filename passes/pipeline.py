@@ -1,6 +1,6 @@
 """The ordered pass pipeline, run once on the whole ATen graph before it is partitioned.
 
-    run_passes(gm, ctx, observer)   stream stamps → cleanup → shapes → (fuse_patterns,
+    run_passes(gm, ctx, observer)   stream stamps → cleanup → shapes → bucket_shapes → (fuse_patterns,
                                     annotate_sharding as they land)
 
 Each pass is `fn(gm, ctx) -> gm`: it reads the PassContext, counts what it rewrote in
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from ..exc import OptionError
-from . import cleanup, shapes
+from . import bucket_shapes, cleanup, shapes
 from .context import PassContext
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ class Pass:
 PASSES: tuple[Pass, ...] = (
     Pass("cleanup", cleanup.run),
     Pass("shapes", shapes.run, reads=("shapes", "x64", "lowering")),
+    Pass("bucket_shapes", bucket_shapes.run, reads=("shapes", "lowering")),
 )
 
 

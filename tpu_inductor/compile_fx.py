@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from . import cache, debug, dispatch, lowering, partition, runtime, serialize
+from . import bucketing, cache, debug, dispatch, lowering, partition, runtime, serialize
 from .config import Options
-from .passes import pipeline, shapes
+from .passes import bucket_shapes, pipeline, shapes
 from .passes.context import PassContext
 
 log = logging.getLogger(__name__)
@@ -112,6 +112,7 @@ def _passes(gm, inputs, options: Options, platform: str, observer) -> torch.fx.G
         options=options,
         inputs=_concrete_signature(inputs),
         takes_traced_scalars=lambda node: lowering.takes_traced_scalars(node, platform),
+        supported=lambda node: lowering.supported(node, platform),
     )
     return pipeline.run_passes(gm, ctx, observer)
 
@@ -123,7 +124,11 @@ def _compile_whole(gm, example_inputs, observer, options: Options, device, stati
     if example_inputs is not None and all(dispatch.is_concrete(v) for v in example_inputs):
         return specializer(example_inputs)
     scalars = shapes.value_only_inputs(gm)
-    return dispatch.SizeDispatch(specializer, observer.name, scalars, options.shapes.max_compiles)
+    sizes = dispatch.SizeDispatch(specializer, observer.name, scalars, options.shapes.max_compiles)
+    layout = gm.meta.get("bucketing")
+    if isinstance(layout, bucket_shapes.BucketLayout):
+        return bucketing.BucketDispatch(sizes, layout, options.shapes, observer.name)
+    return sizes
 
 
 def _concrete_signature(inputs: Sequence[Any]) -> tuple | None:

@@ -31,10 +31,24 @@ def _knob(default: Any, *, choices: tuple[str, ...] = (), minimum: int = 0, unse
 
 @dataclasses.dataclass(frozen=True)
 class ShapeOptions:
-    """How graphs with symbolic sizes are compiled: `options={"shapes": {"max_compiles": 8}}`."""
+    """How graphs with symbolic sizes are compiled: `options={"shapes": {"policy": "pow2"}}`.
 
-    # Shape policy: "exact" compiles a graph once per concrete size (bucketing adds policies).
-    policy: str = _knob("exact", choices=("exact",))
+    The policy pads every symbolic size that is a whole input dim to a bucket and compiles one
+    executable per bucket, exact at every size in it (passes/bucket_shapes.py): "exact" compiles
+    per size; "pow2" the next power of two (at least `min_bucket`); "multiple" the next multiple
+    of `multiple`; "sizes" the next of the explicit `sizes` (above the largest: exact); "auto"
+    boundaries chosen from the sizes seen (kept in the `plan` file; pow2 until there is one).
+    """
+
+    policy: str = _knob("exact", choices=("exact", "pow2", "multiple", "sizes", "auto"))
+    min_bucket: int = _knob(1, minimum=1)
+    multiple: int = _knob(128, minimum=1)
+    sizes: tuple[int, ...] = ()
+    # "auto": the plan file (sizes seen, boundaries chosen); None: kept in this process only.
+    plan: str | None = _knob(None, unset="to keep the plan in this process only")
+    # What fills the padding: "zeros", or "nan" (NaN, and the largest integer) to prove in a
+    # test that no padded value reaches a real result.
+    pad_with: str = _knob("zeros", choices=("zeros", "nan"))
     # Concrete-size compiles kept per graph; past it the least recently used one is dropped.
     max_compiles: int = _knob(64, minimum=1)
 
@@ -110,6 +124,8 @@ NOT_IN_CACHE_KEY = frozenset(
         "cache_max_mb",
         "dump_dir",
         "shapes.max_compiles",
+        "shapes.plan",
+        "shapes.pad_with",
         "device",
         "fallback",
     }
@@ -259,6 +275,17 @@ def _check(f: dataclasses.Field, value: Any, where: _Where) -> Any:
                 f"tpu_inductor: {where} must be True or False (or 1 or 0), got {value!r}."
             )
         return value
+    if kind == "tuple[int, ...]":
+        if (
+            not isinstance(value, (list, tuple))
+            or not all(type(v) is int and v > 0 for v in value)
+            or list(value) != sorted(set(value))
+        ):
+            raise OptionError(
+                f"tpu_inductor: {where} must be a list of ascending positive sizes, e.g. "
+                f"[64, 128, 512], got {value!r}."
+            )
+        return tuple(value)
     if kind.startswith("tuple"):
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise OptionError(f"tpu_inductor: {where} must be a list of names, got {value!r}.")

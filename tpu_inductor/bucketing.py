@@ -1,0 +1,169 @@
+"""Bucket dispatch: the runtime half of shape bucketing (passes/bucket_shapes.py).
+
+Per call of a bucketed graph: read each symbol's true size off the inputs, pick its bucket
+(passes/bucket_policy.py), pad the inputs to the buckets, give SymInt inputs the bucket and the
+true sizes as 0-d int inputs, run the executable of the padded signature (dispatch.SizeDispatch:
+one compile per bucket), then slice every padded output back to its true sizes and give SymInt
+outputs their true values. What each graph saw is kept for `report()` and the recompile
+explanation: the buckets, the true sizes per bucket, and the padded share of the input work.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from typing import Any
+
+import sympy
+import torch
+
+from .passes import bucket_policy
+from .passes.bucket_shapes import BucketLayout
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class BucketStats:
+    """What one bucketed graph saw: per bucket (sizes per symbol), the true sizes it served."""
+
+    name: str
+    symbols: tuple[str, ...]
+    served: dict = dataclasses.field(default_factory=lambda: collections.defaultdict(set))
+    real_elements: int = 0
+    padded_elements: int = 0
+
+    @property
+    def padded_share(self) -> float:
+        """The share of input elements that were padding, over every call."""
+        total = self.real_elements + self.padded_elements
+        return self.padded_elements / total if total else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "graph": self.name,
+            "symbols": list(self.symbols),
+            "buckets": {
+                str(bucket): sorted(map(list, sizes)) for bucket, sizes in self.served.items()
+            },
+            "padded_share": round(self.padded_share, 4),
+        }
+
+
+_stats: list[BucketStats] = []
+
+
+def report() -> list[dict]:
+    """Every bucketed graph of this process: its buckets, the true sizes each served, and the
+    padded share of the input elements."""
+    return [s.as_dict() for s in _stats]
+
+
+def policy_of(shapes) -> bucket_policy.BucketPolicy:
+    """The bucket policy of the `shapes` options record."""
+    return bucket_policy.BucketPolicy(
+        kind=shapes.policy,
+        min_bucket=shapes.min_bucket,
+        multiple=shapes.multiple,
+        sizes=tuple(shapes.sizes),
+    )
+
+
+class BucketDispatch:
+    """A boxed callable over a bucketed graph; `inner` runs the padded inputs (a SizeDispatch
+    over the rewritten graph, its true-size inputs marked as values)."""
+
+    def __init__(self, inner, layout: BucketLayout, shapes, name: str):
+        self._boxed_call = True
+        self._inner = inner
+        self._layout = layout
+        self._policy = policy_of(shapes)
+        self._plan = _plan(shapes) if shapes.policy == "auto" else None
+        self._pad_with = shapes.pad_with
+        self.stats = BucketStats(name, layout.symbols)
+        _stats.append(self.stats)
+
+    def __call__(self, args: list) -> list:
+        layout = self._layout
+        true = {s: self._true_size(s, args) for s in layout.symbols}
+        buckets = {s: self._bucket(s, n) for s, n in true.items()}
+        self.stats.served[tuple(buckets[s] for s in layout.symbols)].add(
+            tuple(true[s] for s in layout.symbols)
+        )
+        padded = list(args)
+        for position, dim, symbol in layout.padded_inputs:
+            padded[position] = self._pad(padded[position], dim, buckets[symbol])
+        for position, symbol in layout.size_inputs:
+            padded[position] = buckets[symbol]
+        padded += [true[s] for s in layout.true_inputs]
+        outs = self._inner(padded)
+        return [self._unpad(out, spec, true, buckets) for out, spec in zip(outs, layout.outputs)]
+
+    def _true_size(self, symbol: str, args: list) -> int:
+        position, dim = self._layout.sources[symbol]
+        return int(args[position]) if dim is None else int(args[position].shape[dim])
+
+    def _bucket(self, symbol: str, size: int) -> int:
+        policy = self._policy
+        if self._plan is not None:
+            self._plan.observe(symbol, size)
+            policy = self._plan.policy_for(symbol, policy)
+        bucket = policy.bucket(size, self._layout.bounds.get(symbol))
+        return max(bucket, size)
+
+    def _pad(self, tensor: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+        have = tensor.shape[dim]
+        if have == size:
+            return tensor
+        shape = list(tensor.shape)
+        shape[dim] = size
+        out = torch.full(shape, _fill(tensor.dtype, self._pad_with), dtype=tensor.dtype)
+        out.narrow(dim, 0, have).copy_(tensor)
+        self.stats.real_elements += tensor.numel()
+        self.stats.padded_elements += out.numel() - tensor.numel()
+        return out
+
+    def _unpad(self, out: Any, spec: Any, true: dict, buckets: dict) -> Any:
+        if isinstance(spec, sympy.Expr):  # a SymInt output: its value at the true sizes
+            return int(spec.subs({x: true[str(x)] for x in spec.free_symbols}))
+        if spec is None or not isinstance(out, torch.Tensor):
+            return out
+        for dim in reversed(range(len(spec))):
+            factors = spec[dim]
+            names = [str(f) for f in factors]
+            if not any(n in true for n in names):
+                continue
+            if len(factors) == 1:
+                out = out.narrow(dim, 0, true[names[0]])
+                continue
+            sizes = [buckets[n] if n in buckets else int(f) for n, f in zip(names, factors)]
+            out = out.unflatten(dim, sizes)
+            for j, n in enumerate(names):
+                if n in true:
+                    out = out.narrow(dim + j, 0, true[n])
+            out = out.flatten(dim, dim + len(factors) - 1)
+        return out
+
+
+def _fill(dtype: torch.dtype, pad_with: str):
+    if pad_with == "zeros":
+        return 0
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    if dtype == torch.bool:
+        return True
+    return torch.iinfo(dtype).max
+
+
+_plans: dict = {}
+
+
+def _plan(shapes) -> bucket_policy.BucketPlan:
+    """The `auto` plan of this process (one per plan file), loaded on first use."""
+    key = shapes.plan
+    if key not in _plans:
+        _plans[key] = (
+            bucket_policy.BucketPlan.load(key) if key else bucket_policy.BucketPlan({}, {})
+        )
+    return _plans[key]
