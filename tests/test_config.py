@@ -19,7 +19,7 @@ def test_shapes_defaults():
 
 
 def test_a_partial_dict_keeps_the_other_fields_defaults():
-    assert Options.from_user({"shapes": {"max_compiles": 8}}).shapes == ShapeOptions("exact", 8)
+    assert Options.from_user({"shapes": {"max_compiles": 8}}).shapes == ShapeOptions(max_compiles=8)
     assert Options.from_user({"shapes": {"policy": "exact"}}).shapes.max_compiles == 64
     assert Options.from_user({"shapes": {}}).shapes == ShapeOptions()
 
@@ -55,17 +55,18 @@ def test_options_with_records_stay_frozen_and_hashable():
             r"option 'shapes.max_compiles' must be an integer >= 1, got '32'\.",
         ),
         (
-            {"policy": "pow2"},
-            r"option 'shapes.policy' has value 'pow2'; allowed values: 'exact'\.",
+            {"policy": "pow3"},
+            r"option 'shapes.policy' has value 'pow3'; allowed values: 'exact', 'pow2', "
+            r"'multiple', 'sizes', 'auto'\.",
         ),
         (
             {"max_compile": 3},
             r"unknown option 'shapes.max_compile' \(value 3\)\. "
-            r"Allowed keys of 'shapes': max_compiles, policy\.",
+            r"Allowed keys of 'shapes': max_compiles, min_bucket, multiple, pad_with, plan, policy, sizes\.",
         ),
         (
             32,
-            r"option 'shapes' must be a dict with keys among max_compiles, policy .* "
+            r"option 'shapes' must be a dict with keys among max_compiles, min_bucket, multiple, pad_with, plan, policy, sizes .* "
             r"or a ShapeOptions, got 32\.",
         ),
     ],
@@ -91,7 +92,7 @@ def test_env_json_record_and_list(monkeypatch):
     monkeypatch.setenv("TPU_INDUCTOR_SHAPES", '{"max_compiles": 32}')
     monkeypatch.setenv("TPU_INDUCTOR_DISABLE_PASSES", '["cleanup", "fuse_patterns"]')
     options = Options.from_user()
-    assert options.shapes == ShapeOptions("exact", 32)
+    assert options.shapes == ShapeOptions(max_compiles=32)
     assert options.disable_passes == ("cleanup", "fuse_patterns")
 
 
@@ -119,8 +120,8 @@ def test_env_plain_and_json_scalars(monkeypatch, name, raw, expected):
             "SHAPES",
             "{max_compiles: 32}",
             r"environment variable TPU_INDUCTOR_SHAPES='\{max_compiles: 32\}' is not valid JSON "
-            r"\(.*\); give a JSON object with keys among max_compiles, policy, "
-            r"e\.g\. TPU_INDUCTOR_SHAPES='\{\"max_compiles\": 64, \"policy\": \"exact\"\}'",
+            r"\(.*\); give a JSON object with keys among max_compiles, min_bucket, multiple, pad_with, plan, policy, sizes, "
+            r"e\.g\. TPU_INDUCTOR_SHAPES='\{\"max_compiles\": 64, .*\}'",
         ),
         ("SHAPES", "32", r"TPU_INDUCTOR_SHAPES='32' is not a JSON object; give a JSON object"),
         ("SHAPES", "[32]", r"TPU_INDUCTOR_SHAPES='\[32\]' is not a JSON object"),
@@ -149,12 +150,12 @@ def test_bad_env_json_names_the_variable_the_text_and_the_form(monkeypatch, name
         (
             '{"max_compile": 3}',
             r"unknown option 'shapes.max_compile' from environment variable "
-            r"TPU_INDUCTOR_SHAPES \(value 3\)\. Allowed keys of 'shapes': max_compiles, policy\.",
+            r"TPU_INDUCTOR_SHAPES \(value 3\)\. Allowed keys of 'shapes': max_compiles, min_bucket, multiple, pad_with, plan, policy, sizes\.",
         ),
         (
             '{"policy": "buckets"}',
             r"option 'shapes.policy' from environment variable TPU_INDUCTOR_SHAPES has value "
-            r"'buckets'; allowed values: 'exact'\.",
+            r"'buckets'; allowed values: 'exact', 'pow2', 'multiple', 'sizes', 'auto'\.",
         ),
     ],
 )
@@ -187,11 +188,14 @@ def test_the_users_dict_beats_the_environment(monkeypatch):
 
 def test_cache_key_holds_records_as_plain_sorted_dicts():
     entries = Options.from_user().cache_key_entries()
-    assert entries["shapes"] == {"policy": "exact"}
+    assert entries["shapes"] == {"min_bucket": 1, "multiple": 128, "policy": "exact", "sizes": ()}
     assert list(entries) == sorted(entries)
-    assert json.loads(json.dumps(entries)) == {
-        k: list(v) if isinstance(v, tuple) else v for k, v in entries.items()
-    }
+    def listed(value):  # what JSON makes of tuples, at any depth
+        if isinstance(value, dict):
+            return {k: listed(v) for k, v in value.items()}
+        return [listed(v) for v in value] if isinstance(value, tuple) else value
+
+    assert json.loads(json.dumps(entries)) == listed(entries)
     assert "shapes.max_compiles" in NOT_IN_CACHE_KEY and "shapes.policy" not in NOT_IN_CACHE_KEY
 
 
@@ -200,7 +204,8 @@ def test_max_compiles_leaves_the_key_and_policy_is_in_it(monkeypatch):
     assert Options.from_user({"shapes": {"max_compiles": 2}}).cache_key_entries() == base
     monkeypatch.setenv("TPU_INDUCTOR_SHAPES", '{"max_compiles": 5}')
     assert Options.from_user().cache_key_entries() == base
-    # policy reaches the key: a policy other than "exact" is not allowed yet, so build one
-    other = dataclasses.replace(Options(), shapes=ShapeOptions(policy="buckets"))
-    assert other.cache_key_entries()["shapes"] == {"policy": "buckets"}
+    # the policy reaches the key; what fills the padding and the plan's file do not
+    other = Options.from_user({"shapes": {"policy": "pow2", "pad_with": "nan", "plan": "p"}})
+    assert other.cache_key_entries()["shapes"]["policy"] == "pow2"
+    assert "pad_with" not in other.cache_key_entries()["shapes"]
     assert other.cache_key_entries() != base

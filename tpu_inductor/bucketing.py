@@ -92,10 +92,10 @@ class BucketDispatch:
             tuple(true[s] for s in layout.symbols)
         )
         padded = list(args)
-        for position, dim, symbol in layout.padded_inputs:
-            padded[position] = self._pad(padded[position], dim, buckets[symbol])
-        for position, symbol in layout.size_inputs:
-            padded[position] = buckets[symbol]
+        for position, dim, factors in layout.padded_inputs:
+            padded[position] = self._pad(padded[position], dim, factors, true, buckets)
+        for position, size in layout.size_inputs:
+            padded[position] = _at(size, buckets)
         padded += [true[s] for s in layout.true_inputs]
         outs = self._inner(padded)
         return [self._unpad(out, spec, true, buckets) for out, spec in zip(outs, layout.outputs)]
@@ -112,38 +112,47 @@ class BucketDispatch:
         bucket = policy.bucket(size, self._layout.bounds.get(symbol))
         return max(bucket, size)
 
-    def _pad(self, tensor: torch.Tensor, dim: int, size: int) -> torch.Tensor:
-        have = tensor.shape[dim]
-        if have == size:
+    def _pad(self, tensor: torch.Tensor, dim: int, factors, true, buckets) -> torch.Tensor:
+        """`tensor` with `dim` (row-major `factors`) padded at the end of each padded factor."""
+        have = [_at(f, true) for f in factors]
+        want = [_at(f, buckets) for f in factors]
+        if have == want:
             return tensor
-        shape = list(tensor.shape)
-        shape[dim] = size
+        merged = tensor.unflatten(dim, have) if len(factors) > 1 else tensor
+        shape = list(merged.shape)
+        shape[dim : dim + len(want)] = want
         out = torch.full(shape, _fill(tensor.dtype, self._pad_with), dtype=tensor.dtype)
-        out.narrow(dim, 0, have).copy_(tensor)
+        region = out
+        for j, size in enumerate(have):
+            region = region.narrow(dim + j, 0, size)
+        region.copy_(merged)
         self.stats.real_elements += tensor.numel()
         self.stats.padded_elements += out.numel() - tensor.numel()
-        return out
+        return out.flatten(dim, dim + len(factors) - 1) if len(factors) > 1 else out
 
     def _unpad(self, out: Any, spec: Any, true: dict, buckets: dict) -> Any:
         if isinstance(spec, sympy.Expr):  # a SymInt output: its value at the true sizes
-            return int(spec.subs({x: true[str(x)] for x in spec.free_symbols}))
+            return _at(spec, true)
         if spec is None or not isinstance(out, torch.Tensor):
             return out
         for dim in reversed(range(len(spec))):
             factors = spec[dim]
-            names = [str(f) for f in factors]
-            if not any(n in true for n in names):
+            if not any(f.free_symbols for f in factors):
                 continue
             if len(factors) == 1:
-                out = out.narrow(dim, 0, true[names[0]])
+                out = out.narrow(dim, 0, _at(factors[0], true))
                 continue
-            sizes = [buckets[n] if n in buckets else int(f) for n, f in zip(names, factors)]
-            out = out.unflatten(dim, sizes)
-            for j, n in enumerate(names):
-                if n in true:
-                    out = out.narrow(dim + j, 0, true[n])
+            out = out.unflatten(dim, [_at(f, buckets) for f in factors])
+            for j, f in enumerate(factors):
+                if f.free_symbols:
+                    out = out.narrow(dim + j, 0, _at(f, true))
             out = out.flatten(dim, dim + len(factors) - 1)
-        return out
+        return out.contiguous()  # as the graph's own outputs are
+
+
+def _at(expr: sympy.Expr, sizes: dict) -> int:
+    """A size expression's value where each symbol is `sizes[its name]`."""
+    return int(expr.subs({x: sizes[str(x)] for x in expr.free_symbols}))
 
 
 def _fill(dtype: torch.dtype, pad_with: str):

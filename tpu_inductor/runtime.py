@@ -14,6 +14,7 @@ but never imports the lowering package.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import logging
@@ -158,10 +159,15 @@ def _synchronous_cpu_client():
     return xla_client.make_cpu_client(asynchronous=False, num_devices=count if count >= 0 else None)
 
 
+# Process-wide counts: "pjrt_compiles" (what a TPU pays seconds to minutes for, each).
+stats: collections.Counter = collections.Counter()
+
+
 def compile_stablehlo(module: bytes | str, device: Device):
     """PJRT-compile a StableHLO module (bytecode or text) for one device; returns the executable."""
     device.require_own_process()
     _register_custom_calls(device, module)
+    stats["pjrt_compiles"] += 1
     try:
         return device.client.compile_and_load(module, *_placement(device))
     except Exception as e:  # PJRT raises its own runtime error type

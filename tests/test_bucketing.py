@@ -1,0 +1,190 @@
+"""Shape bucketing end to end (passes/bucket_shapes.py, tpu_inductor/bucketing.py): a graph with
+symbolic sizes compiles once per bucket, not per size, and every result equals eager's at the
+true sizes — with the padding filled with NaN and the largest integer (`pad_with="nan"`), so a
+padded value that reached a real position would show. Compiles are counted (PJRT compiles are
+what a TPU pays seconds to minutes for), not timed."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from tpu_inductor import bucketing, runtime
+from tpu_inductor.exc import OptionError
+
+from .helpers import assert_same, grads_of
+from .strategies import PROPERTY
+
+NAN_PADDING = {"pad_with": "nan"}
+POLICIES = [
+    {"policy": "pow2", **NAN_PADDING},
+    {"policy": "pow2", "min_bucket": 16, **NAN_PADDING},
+    {"policy": "multiple", "multiple": 8, **NAN_PADDING},
+    {"policy": "sizes", "sizes": [4, 16, 40], **NAN_PADDING},
+]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _compile(fn, shapes, **kwargs):
+    options = {"shapes": shapes, "fallback": "error"}
+    return torch.compile(fn, backend="tpu_inductor", options=options, **kwargs)
+
+
+def _compiles() -> int:
+    return runtime.stats["pjrt_compiles"]
+
+
+def _ops(x, w, table, ids):
+    """An op of every kind the pass masks, reading across the padded dim 1 of x [b, s, 8]."""
+    h = torch.tanh(x @ w)  # [b, s, 8]
+    e = table[ids]  # embedding of padded indices
+    return (
+        h.sum(1),
+        h.mean(1),
+        h.softmax(1),
+        h.log_softmax(1),
+        h.amax(1),
+        x.argmax(1),  # of the inputs: computed values may tie to an ulp
+        torch.logsumexp(h, 1),
+        h.cumsum(1),
+        h.transpose(1, 2) @ h,  # contraction over the padded dim
+        F.layer_norm(h, (8,)),
+        e.sum(1),
+        h[:, 1:].sum(1),  # a shifted slice: one fewer real position
+        F.pad(ids, (0, 1), value=-7),  # a value right after the true end
+        h.reshape(-1, 8).sum(0),  # the padded dim merged with the batch
+    )
+
+
+@PROPERTY
+@given(
+    batch=st.integers(1, 3),
+    lengths=st.lists(st.integers(2, 40), min_size=2, max_size=4),
+    shapes=st.sampled_from(POLICIES),
+)
+@example(batch=2, lengths=[3, 5, 17, 33], shapes=POLICIES[0])
+def test_every_masked_op_equals_eager_at_the_true_sizes(batch, lengths, shapes):
+    torch._dynamo.reset()
+    w, table = torch.randn(8, 8), torch.randn(50, 4)
+    compiled = _compile(_ops, shapes)
+    for n in lengths:
+        x, ids = torch.randn(batch, n, 8), torch.randint(0, 50, (batch, n))
+        torch._dynamo.maybe_mark_dynamic(x, 1)
+        torch._dynamo.maybe_mark_dynamic(ids, 1)
+        for got, want in zip(compiled(x, w, table, ids), _ops(x, w, table, ids)):
+            assert_same(got, want, atol=1e-5, rtol=1e-4)
+    assert bucketing.report()[-1]["buckets"], "the graph was not bucketed"
+
+
+def _gpt2(**config):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        vocab_size=100,
+        n_positions=256,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        **config,
+    )
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def test_gpt2_lengths_compile_three_times_under_pow2():
+    """17, 31, 64, 100, 128, 77: buckets 32, 64, 128, equal to eager (NaN in the padding)."""
+    model = _gpt2().eval()
+    compiled = _compile(model, {"policy": "pow2", **NAN_PADDING})
+    before = _compiles()
+    with torch.no_grad():
+        for n in (17, 31, 64, 100, 128, 77):
+            ids = torch.randint(0, 100, (4, n))
+            torch._dynamo.maybe_mark_dynamic(ids, 1)
+            assert_same(compiled(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-4)
+    assert _compiles() - before <= 3
+    served = bucketing.report()[-1]["buckets"]
+    assert set(served) == {"(32,)", "(64,)", "(128,)"}, served
+
+
+def test_a_ragged_last_batch_compiles_nothing_new():
+    model = _gpt2().eval()
+    compiled = _compile(model, {"policy": "pow2", **NAN_PADDING}, dynamic=True)
+    with torch.no_grad():
+        for b in (4, 4):
+            ids = torch.randint(0, 100, (b, 20))
+            compiled(ids)
+        before = _compiles()
+        ids = torch.randint(0, 100, (3, 20))
+        assert_same(compiled(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-4)
+    assert _compiles() == before
+
+
+def test_gpt2_training_step_equals_eager():
+    """Loss and every gradient; graphs the pass refuses (the loss's gather) compile per size."""
+    torch.manual_seed(0)
+    model, reference = _gpt2(), _gpt2()
+    reference.load_state_dict(model.state_dict())
+    compiled = _compile(model, {"policy": "pow2", **NAN_PADDING})
+    for n in (17, 31, 20):
+        ids = torch.randint(0, 100, (2, n))
+        torch._dynamo.maybe_mark_dynamic(ids, 1)
+        loss, want = compiled(ids, labels=ids).loss, reference(ids, labels=ids).loss
+        assert_same(loss, want, atol=1e-5, rtol=1e-4)
+        got, expected = grads_of(model, loss), grads_of(reference, want)
+        for name in expected:
+            assert_same(got[name], expected[name], atol=1e-5, rtol=1e-4)
+    assert any(r["buckets"] for r in bucketing.report())
+
+
+def test_a_graph_the_pass_cannot_prove_exact_compiles_per_size_and_says_why(caplog):
+    def f(x):
+        return torch.sort(x, dim=0).values * 2  # sort has no padding rule
+
+    compiled = _compile(f, {"policy": "pow2", **NAN_PADDING}, dynamic=True)
+    with caplog.at_level(logging.INFO, logger="tpu_inductor.passes.bucket_shapes"):
+        for n in (3, 5):
+            x = torch.randn(n, 4)
+            assert_same(compiled(x), f(x))
+    assert "not bucketing" in caplog.text and "sort" in caplog.text
+
+
+def test_a_symbol_used_as_a_value_is_not_bucketed(caplog):
+    def f(x):
+        return x * x.shape[0]  # the bucket's size would be the wrong value
+
+    compiled = _compile(f, {"policy": "pow2", **NAN_PADDING}, dynamic=True)
+    with caplog.at_level(logging.INFO, logger="tpu_inductor.passes.bucket_shapes"):
+        for n in (3, 5):
+            x = torch.randn(n, 4)
+            assert_same(compiled(x), f(x))
+    assert "not bucketing" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "shapes, message",
+    [
+        ({"policy": "buckets"}, "allowed values"),
+        ({"policy": "sizes", "sizes": [64, 32]}, "ascending positive sizes"),
+        ({"policy": "multiple", "multiple": 0}, "integer >= 1"),
+        ({"pad_with": "ones"}, "allowed values"),
+    ],
+)
+def test_bad_bucketing_options_name_the_key_and_value(shapes, message):
+    from tpu_inductor.config import Options
+
+    with pytest.raises(OptionError, match=message):
+        Options.from_user({"shapes": shapes})
