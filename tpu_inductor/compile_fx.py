@@ -210,7 +210,7 @@ class _Specializer:
     def _lower_and_compile(self, inputs, scalars, record: debug.CompileRecord):
         lowered = self.lower(inputs, scalars, record)
         executable = record.run(
-            "pjrt_compile", lambda: runtime.compile_stablehlo(lowered.bytecode, self.device)
+            "pjrt_compile", lambda: runtime.compile_module(lowered, self.device)
         )
         log.info(
             "tpu_inductor: compiled %s for inputs %s: lower %.2fs, PJRT compile %.2fs",

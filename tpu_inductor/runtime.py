@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import hashlib
 import logging
 import math
 import os
@@ -159,7 +160,8 @@ def _synchronous_cpu_client():
     return xla_client.make_cpu_client(asynchronous=False, num_devices=count if count >= 0 else None)
 
 
-# Process-wide counts: "pjrt_compiles" (what a TPU pays seconds to minutes for, each).
+# Process-wide counts: "pjrt_compiles" (what a TPU pays seconds to minutes for, each), and
+# "pjrt_compiles_saved" (a module compiled before, its executable reused).
 stats: collections.Counter = collections.Counter()
 
 
@@ -172,6 +174,29 @@ def compile_stablehlo(module: bytes | str, device: Device):
         return device.client.compile_and_load(module, *_placement(device))
     except Exception as e:  # PJRT raises its own runtime error type
         raise CompileError(f"PJRT failed to compile the module for {device}: {e}") from e
+
+
+_executables_by_module = None  # cache.RecentlyUsed, made on first use
+
+
+def compile_module(lowered, device: Device):
+    """The executable of a lowered module: compiled once per module text and device in this
+    process. Two graphs that lower to the same module (a size Dynamo compiled statically, then
+    again in a graph with symbolic sizes) share one PJRT compile."""
+    global _executables_by_module
+    from .cache import RecentlyUsed
+
+    if _executables_by_module is None:
+        _executables_by_module = RecentlyUsed(256)
+    key = (hashlib.sha256(lowered.text.encode()).hexdigest(), id(device.client), str(device))
+    executable = _executables_by_module.get(key)
+    if executable is not None:
+        stats["pjrt_compiles_saved"] += 1
+        log.info("tpu_inductor: the same module was compiled before: its executable is reused")
+        return executable
+    executable = compile_stablehlo(lowered.bytecode, device)
+    _executables_by_module.put(key, executable)
+    return executable
 
 
 def serialize_executable(executable, device: Device) -> bytes:
