@@ -190,6 +190,7 @@ def test_cache_key_holds_records_as_plain_sorted_dicts():
     entries = Options.from_user().cache_key_entries()
     assert entries["shapes"] == {"min_bucket": 1, "multiple": 128, "policy": "exact", "sizes": ()}
     assert list(entries) == sorted(entries)
+
     def listed(value):  # what JSON makes of tuples, at any depth
         if isinstance(value, dict):
             return {k: listed(v) for k, v in value.items()}
