@@ -5,6 +5,7 @@ across with the op's identity. A rule raises `Refused` for what it cannot prove 
 from __future__ import annotations
 
 import math
+import operator
 
 import sympy
 import torch
@@ -202,6 +203,8 @@ def _slice(b, node):
     step = node.args[4] if len(node.args) > 4 else 1
     if b._padded(layout[dim]) and out_size == in_size and start in (0, None) and step == 1:
         return layout  # all of it (x[:n], n its size)
+    if b._padded(layout[dim]) and _is_tail_slice(layout[dim], start, node, step, out_size):
+        return _tail(b, node, x, layout, dim, int(out_size))
     if b._padded(layout[dim]):
         # x[a:-c] of one padded factor: the real values start a earlier, c fewer are real
         end = node.args[3] if len(node.args) > 3 else None
@@ -231,6 +234,32 @@ def _slice(b, node):
         bound = b.bounds.get(str(out_size))
         b.bounds[str(out_size)] = int(in_size) if bound is None else min(bound, int(in_size))
     return b.fresh_check(node, tuple(out))
+
+
+def _is_tail_slice(factors, start, node, step, out_size) -> bool:
+    end = node.args[3] if len(node.args) > 3 else None
+    whole_end = end is None or (isinstance(end, int) and end >= 2**62)
+    return (
+        len(factors) == 1
+        and isinstance(start, int)
+        and start < 0
+        and whole_end
+        and step == 1
+        and out_size.is_Integer
+    )
+
+
+def _tail(b, node, x, layout, dim, k):
+    """x[-k:] along a padded dim: the last k real positions, gathered from the true end."""
+    index = b.insert(node, aten.arange.default, (k,), {"device": x.meta["val"].device})
+    first = b.insert(node, operator.sub, (b.true_value(layout[dim][0], node), k))
+    index = b.insert(node, aten.add.Tensor, (index, first))
+    tail = b.insert(node, aten.index_select.default, (x, dim, index))
+    out = list(layout)
+    out[dim] = (sympy.Integer(k),)
+    b.replace(node, tail, tuple(out))
+    b.ctx.rewrites["tails"] += 1
+    return tuple(out)
 
 
 def _along_unpadded(b, node, dim_index, what):
@@ -300,11 +329,50 @@ def _cat(b, node):
     nonempty = [t for t in node.args[0] if all(size_expr(d) != 0 for d in t.meta["val"].shape)]
     if len(nonempty) == 1:
         return b.layout(nonempty[0])  # the others are empty (a cache before its first entry)
-    if any(b._padded(b.layout(t)[dim]) for t in nonempty):
-        raise Refused(f"{node.name} concatenates along a padded dim")
-    out = list(_broadcast(b, node))
+    padded = [i for i, t in enumerate(nonempty) if b._padded(b.layout(t)[dim])]
+    out = list(b.layout(nonempty[0]))
+    for t in nonempty[1:]:  # the other dims are equal in every piece; take any padded one
+        out = [f if b._padded(f) else o for o, f in zip(out, b.layout(t))]
     out[dim] = (size_expr(node.meta["val"].shape[dim]),)
-    return tuple(out)
+    out = tuple(out)
+    if not padded:
+        return out
+    if len(padded) > 1 or len(b.layout(nonempty[padded[0]])[dim]) != 1:
+        raise Refused(f"{node.name} concatenates several, or merged, padded dims")
+    trailing = nonempty[padded[0] + 1 :]
+    if not trailing:
+        return out  # the padding stays at the end
+    return _append(b, node, out, dim, trailing)
+
+
+def _append(b, node, out, dim, trailing):
+    """cat([..., padded, tail]) along the padded dim: the tail belongs right after the true end
+    (a KV cache's new entries): gathered there from the tail, the padding after it."""
+    rank = len(out)
+    if len(trailing) > 1:
+        tail = b.insert(node.next, aten.cat.default, (list(trailing), dim))
+    else:
+        tail = trailing[0]
+    k = size_expr(tail.meta["val"].shape[dim])
+    if not k.is_Integer:
+        raise Refused(f"{node.name} appends a tail of size {k} after a padded dim")
+    after = node.next
+    device = node.meta["val"].device
+    index = b.insert(
+        after, aten.arange.default, (b.size_node(out[dim][0], after),), {"device": device}
+    )
+    head = b.insert(after, operator.sub, (b.true_value(out[dim][0], after), int(k)))
+    rel = b.insert(after, aten.sub.Tensor, (index, head))
+    rel = b.insert(after, aten.clamp.default, (rel, 0, int(k) - 1))
+    placed = b.insert(after, aten.index_select.default, (tail, dim, rel))
+    in_head = b.insert(after, aten.lt.Scalar, (index, head))
+    shape = [1] * rank
+    shape[dim] = -1
+    in_head = b.insert(after, aten.view.default, (in_head, shape))
+    fixed = b.insert(after, aten.where.self, (in_head, node, placed))
+    b.replace(node, fixed, out)
+    b.ctx.rewrites["appends"] += 1
+    return out
 
 
 def _contract(b, node):
@@ -397,16 +465,31 @@ def attention(b, node):
     lq, lk, lv = b.layout(q), b.layout(k), b.layout(v)
     if node.args[6 if backward else 3] if len(node.args) > (6 if backward else 3) else 0:
         raise Refused(f"{node.name}: attention with dropout over padded dims")
-    if node.kwargs.get("attn_mask") is not None and b._padded(lk[2]):
-        raise Refused(f"{node.name}: attention with a mask over padded keys")
     if b._padded(lk[2]) and not (causal and lq[2] == lk[2]):
-        raise Refused(f"{node.name}: non-causal attention over padded keys")
+        if backward or causal:
+            raise Refused(f"{node.name}: attention over padded keys, causal across lengths")
+        _mask_keys(b, node, k, lk)
     for index, a in enumerate(node.args[: 6 if backward else 3]):
         if isinstance(a, torch.fx.Node):
             b.replace_input(node, index, b.mask(node, a, list(range(len(b.layout(a)))), 0))
     if backward:
         return [lq, lk, lv]
     return [(*lq[:3], lv[3]), lq[:3]]
+
+
+def _mask_keys(b, node, k, lk):
+    """Non-causal attention over padded keys: a -inf bias on them, added to the node's mask."""
+    valid = b.valid_positions(node, lk[2], device=k.meta["val"].device)
+    valid = b.insert(node, aten.view.default, (valid, [1, 1, 1, -1]))
+    given = node.kwargs.get("attn_mask")
+    if given is not None and given.meta["val"].dtype == torch.bool:
+        mask = b.insert(node, aten.logical_and.default, (given, valid))
+    else:
+        mask = b.insert(node, aten.where.Scalar, (valid, 0.0, -math.inf))
+        if given is not None:
+            mask = b.insert(node, aten.add.Tensor, (given, mask))
+    node.kwargs = {**node.kwargs, "attn_mask": mask}
+    b.ctx.rewrites["key_masks"] += 1
 
 
 def _pointwise(b, node):

@@ -355,6 +355,37 @@ class _Bucketing:
     def _offset(self, before, node, offset: int) -> Any:
         return node if offset == 0 else self.insert(before, operator.add, (node, offset))
 
+    def valid_positions(self, before, factors, ends=None, device=None) -> torch.fx.Node:
+        """A 1-d bool over a dim of row-major `factors`: True where every padded factor's index
+        is below its true size (`ends`' true sizes, `factors`' own by default)."""
+        index = self.insert(
+            before, aten.arange.default, (self._dim_size(before, factors),), {"device": device}
+        )
+        ok = None
+        for t, (factor, end) in enumerate(zip(factors, ends or factors)):
+            if self.symbol_of(end) is None:
+                continue
+            j = index
+            for f in factors[t + 1 :]:
+                j = self.insert(
+                    before,
+                    aten.div.Tensor_mode,
+                    (j, self.size_node(f, before)),
+                    {"rounding_mode": "floor"},
+                )
+            if t > 0:
+                j = self.insert(before, aten.remainder.Scalar, (j, self.size_node(factor, before)))
+            less = self.insert(before, aten.lt.Scalar, (j, self.true_value(end, before)))
+            ok = less if ok is None else self.insert(before, aten.logical_and.default, (ok, less))
+        return ok
+
+    def replace(self, node, new, layout) -> None:
+        """Every use of `node` but `new`'s own reads `new` (whose layout is `layout`)."""
+        for user in list(node.users):
+            if user is not new:
+                user.replace_input_with(node, new)
+        self.layouts[new] = layout
+
     def mask(self, before, x, dims, fill, layout=None) -> torch.fx.Node:
         """`x` with the padding of `dims` (those that carry any) replaced by `fill`; `layout`:
         whose true sizes say where the padding starts (x's own by default)."""
@@ -366,34 +397,7 @@ class _Bucketing:
             factors, ends = own[dim], layout[dim]
             if not self._padded(ends):
                 continue
-            index = self.insert(
-                before,
-                aten.arange.default,
-                (self._dim_size(before, factors),),
-                {"device": x.meta["val"].device},
-            )
-            ok = None
-            for t, (factor, end) in enumerate(zip(factors, ends)):
-                if self.symbol_of(end) is None:
-                    continue
-                j, stride = index, factors[t + 1 :]
-                for f in stride:
-                    j = self.insert(
-                        before,
-                        aten.div.Tensor_mode,
-                        (j, self.size_node(f, before)),
-                        {"rounding_mode": "floor"},
-                    )
-                if t > 0:
-                    j = self.insert(
-                        before, aten.remainder.Scalar, (j, self.size_node(factor, before))
-                    )
-                less = self.insert(before, aten.lt.Scalar, (j, self.true_value(end, before)))
-                ok = (
-                    less
-                    if ok is None
-                    else self.insert(before, aten.logical_and.default, (ok, less))
-                )
+            ok = self.valid_positions(before, factors, ends, x.meta["val"].device)
             shape = [1] * rank
             shape[dim] = -1
             ok = self.insert(before, aten.view.default, (ok, shape))
