@@ -24,6 +24,8 @@ def size_expr(d) -> sympy.Expr:
 
 _POINTWISE_EXTRA = {aten._to_copy.default, aten.alias.default, aten.detach.default}
 _POINTWISE_EXTRA |= {aten.lift_fresh_copy.default, aten.copy.default}
+_POINTWISE_EXTRA |= {aten.full_like.default, aten.zeros_like.default, aten.ones_like.default}
+_POINTWISE_EXTRA |= {aten.empty_like.default}
 VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 # Reductions: op -> (identity to mask padding with, where its dims are: an arg index or "all").
 _REDUCE = {
@@ -203,12 +205,31 @@ def _slice(b, node):
     step = node.args[4] if len(node.args) > 4 else 1
     if b._padded(layout[dim]) and out_size == in_size and start in (0, None) and step == 1:
         return layout  # all of it (x[:n], n its size)
+    end = node.args[3] if len(node.args) > 3 else None
+    if b._padded(layout[dim]) and _is_head_slice(start, end, step, out_size):
+        out = list(layout)  # x[a:e] of real positions only (the graph assumes n >= e)
+        out[dim] = (out_size,)
+        return tuple(out)
+    if (
+        b._padded(layout[dim])
+        and start in (0, None)
+        and step == 1
+        and isinstance(end, torch.fx.Node)
+        and size_expr(end.meta["val"]) == out_size
+        and b.symbol_of(out_size) == (out_size, 0)
+    ):  # x[:m], m a shorter length (a mask cut to the keys): buckets grow with sizes
+        out = list(layout)
+        out[dim] = (out_size,)
+        return tuple(out)
     if b._padded(layout[dim]) and _is_tail_slice(layout[dim], start, node, step, out_size):
         return _tail(b, node, x, layout, dim, int(out_size))
     if b._padded(layout[dim]):
         # x[a:-c] of one padded factor: the real values start a earlier, c fewer are real
         end = node.args[3] if len(node.args) > 3 else None
         whole_end = end is None or (isinstance(end, int) and (end < 0 or end >= 2**62))
+        whole_end = whole_end or (
+            isinstance(end, torch.fx.Node) and size_expr(end.meta["val"]) == in_size
+        )
         shrink = out_size - in_size
         if (
             len(layout[dim]) != 1
@@ -234,6 +255,17 @@ def _slice(b, node):
         bound = b.bounds.get(str(out_size))
         b.bounds[str(out_size)] = int(in_size) if bound is None else min(bound, int(in_size))
     return b.fresh_check(node, tuple(out))
+
+
+def _is_head_slice(start, end, step, out_size) -> bool:
+    return (
+        isinstance(start, (int, type(None)))
+        and (start or 0) >= 0
+        and isinstance(end, int)
+        and 0 <= end < 2**62
+        and step == 1
+        and out_size.is_Integer
+    )
 
 
 def _is_tail_slice(factors, start, node, step, out_size) -> bool:
@@ -396,15 +428,48 @@ def _embedding(b, node):
 
 
 def _index(b, node):
-    """x[idx] by one index tensor on dim 0: padded indices read some row (clamped if out of
-    range), in padded positions only."""
+    """x[i0, i1, ...] by index tensors over x's leading dims. Real positions of the indices hold
+    eager's values, which are inside the true sizes: they read real positions of x. A negative
+    index into a padded dim would wrap at the bucket: it is wrapped at the true size first.
+    Padded positions read some position of x (clamped if out of range), in padding only."""
     x, indices = node.args[:2]
-    if len(indices) != 1 or not isinstance(indices[0], torch.fx.Node):
-        raise Refused(f"{node.name}: indexing by several tensors over padded dims")
+    if not all(isinstance(i, torch.fx.Node) for i in indices):
+        raise Refused(f"{node.name}: indexing with slices between index tensors")
     layout = b.layout(x)
-    if b._padded(layout[0]):
-        raise Refused(f"{node.name}: indexing into a padded dim")
-    return (*b.layout(indices[0]), *layout[1:])
+    fixed = list(indices)
+    for dim, index in enumerate(indices):
+        if b._padded(layout[dim]):
+            if len(layout[dim]) != 1:
+                raise Refused(f"{node.name}: indexing into a merged padded dim")
+            true = b.true_value(layout[dim][0], node)
+            wrapped = b.insert(node, aten.add.Tensor, (index, true))
+            negative = b.insert(node, aten.lt.Scalar, (index, 0))
+            fixed[dim] = b.insert(node, aten.where.self, (negative, wrapped, index))
+    if fixed != list(indices):
+        b.replace_input(node, 1, fixed)
+        b.ctx.rewrites["wrapped_indices"] += 1
+    shape = node.meta["val"].shape
+    rank = len(shape) - (len(layout) - len(indices))
+    out = [(size_expr(d),) for d in shape[:rank]]
+    for index in indices:
+        for i, factors in enumerate(b.layout(index)):
+            o = rank - len(b.layout(index)) + i
+            if b._padded(factors):
+                if b._padded(out[o]) and out[o] != factors:
+                    raise Refused(f"{node.name}: indices padded differently in dim {o}")
+                out[o] = factors
+    return (*out, *layout[len(indices) :])
+
+
+def _gather(b, node):
+    """gather(x, dim, index): the result has the index's layout; padded indices read some
+    position of x (clamped if out of range), in padded positions only."""
+    x, dim, index = node.args[:3]
+    layout = b.layout(x)
+    dim %= len(layout)
+    if b._padded(layout[dim]):
+        raise Refused(f"{node.name}: a gather along a padded dim")
+    return b.layout(index)
 
 
 def _layer_norm_layouts(b, node, x, normalized):
@@ -517,6 +582,7 @@ RULES = {
     **dict.fromkeys((aten.mm.default, aten.bmm.default, aten.addmm.default), _contract),
     aten.embedding.default: _embedding,
     aten.index.Tensor: _index,
+    aten.gather.default: _gather,
     aten.native_layer_norm.default: _layer_norm,
     aten.native_layer_norm_backward.default: _layer_norm_backward,
     aten._softmax_backward_data.default: _softmax_backward,

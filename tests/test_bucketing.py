@@ -188,3 +188,44 @@ def test_bad_bucketing_options_name_the_key_and_value(shapes, message):
 
     with pytest.raises(OptionError, match=message):
         Options.from_user({"shapes": shapes})
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_generate_with_the_dynamic_cache_makes_the_same_tokens_in_few_compiles(name):
+    """Prompts of four lengths, 32 new tokens each: one graph for the prompts, one for the
+    decode steps (the KV cache grows by one a step); at most 8 PJRT compiles (74 per exact size
+    before bucketing)."""
+    from . import hf_zoo
+
+    model, _ = hf_zoo.build(name, hf_zoo.Size(seq=64))
+    model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, None
+    prompts = [torch.randint(1, 100, (1, n)) for n in (5, 9, 13, 20)]
+    expected = [model.generate(p, max_new_tokens=32, do_sample=False) for p in prompts]
+    model.forward = _compile(model.forward, {"policy": "pow2"})
+    before = _compiles()
+    for prompt, want in zip(prompts, expected):
+        assert torch.equal(model.generate(prompt, max_new_tokens=32, do_sample=False), want)
+    assert _compiles() - before <= 8
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "t5"])
+def test_hugging_face_models_are_bucketed_and_exact(name):
+    """Inference at five lengths, NaN in the padding: eager's results, at most 3 compiles."""
+    from . import hf_zoo
+
+    model, inputs = hf_zoo.build(name, hf_zoo.Size(seq=32))
+    compiled = _compile(model, {"policy": "pow2", **NAN_PADDING})
+    before = _compiles()
+    with torch.no_grad():
+        for n in (5, 9, 13, 20, 7):
+            kwargs = {
+                k: v[:, :n].clone() if k.endswith("input_ids") else v for k, v in inputs.items()
+            }
+            for key, value in kwargs.items():
+                if key.endswith("input_ids"):
+                    torch._dynamo.maybe_mark_dynamic(value, 1)
+            got, want = compiled(**kwargs), model(**kwargs)
+            for key in want.keys():
+                if isinstance(want[key], torch.Tensor):
+                    assert_same(got[key], want[key], atol=1e-5, rtol=1e-4)
+    assert _compiles() - before <= 3
