@@ -63,6 +63,7 @@ class BucketLayout:
     true_inputs: tuple  # symbols whose true size is an input, appended in this order
     outputs: tuple  # per output: Layout (tensor to slice), sympy expr (a SymInt), or None
     bounds: dict  # symbol -> the largest bucket the graph allows (None: unbounded)
+    keys: dict  # symbol -> a name stable across processes (its source: L['x'].size()[1])
 
 
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
@@ -125,7 +126,10 @@ class _Bucketing:
         names = tuple(str(s) for s in self.symbols)
         sources = {str(s): src for s, src in self.symbols.items()}
         true_inputs = tuple(str(s) for s in self.true_size)
-        return BucketLayout(names, sources, padded, sizes, true_inputs, outputs, dict(self.bounds))
+        keys = {str(s): _source_name(s, self._symint(s)) for s in self.symbols}
+        return BucketLayout(
+            names, sources, padded, sizes, true_inputs, outputs, dict(self.bounds), keys
+        )
 
     def _find_symbols(self) -> None:
         for position, node in enumerate(self.placeholders):
@@ -454,6 +458,15 @@ _FACTOR_ORDERS: dict = {}
 
 def _shape_env_id(d) -> int | None:
     return id(d.node.shape_env) if isinstance(d, torch.SymInt) else None
+
+
+def _source_name(symbol, value: torch.SymInt) -> str:
+    """What Dynamo says the symbol is the size of (a plan's key); the symbol's name if nothing."""
+    sources = value.node.shape_env.var_to_sources.get(symbol) or ()
+    if not sources:
+        return str(symbol)
+    name = sources[0].name  # a method in older torch, a property in newer
+    return name() if callable(name) else name
 
 
 def _declared_bound(symbol, placeholders) -> int | None:

@@ -229,3 +229,54 @@ def test_hugging_face_models_are_bucketed_and_exact(name):
                 if isinstance(want[key], torch.Tensor):
                     assert_same(got[key], want[key], atol=1e-5, rtol=1e-4)
     assert _compiles() - before <= 3
+
+
+def test_precompile_leaves_nothing_to_compile_after_warm_up():
+    import tpu_inductor
+
+    model = _gpt2().eval()
+    shapes = {"policy": "pow2", "min_bucket": 8}
+    compiled = _compile(model, shapes)
+    from tpu_inductor.config import Options
+
+    record = Options.from_user({"shapes": shapes}).shapes
+    buckets = tpu_inductor.precompile(
+        compiled, (torch.randint(0, 100, (2, 5)),), {0: 1}, 64, record
+    )
+    assert buckets == [8, 16, 32, 64]
+    warm = tpu_inductor.compiles()
+    with torch.no_grad():
+        for n in (3, 9, 17, 33, 64, 50):
+            ids = torch.randint(0, 100, (2, n))
+            torch._dynamo.maybe_mark_dynamic(ids, 1)
+            assert_same(compiled(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-4)
+    assert tpu_inductor.compiles() == warm
+
+
+def test_the_auto_plan_is_chosen_from_the_sizes_seen_and_carries_over(tmp_path):
+    """A first run observes the lengths and saves the plan; a later run (a fresh Dynamo, the
+    plan read from its file) buckets at its boundaries: less padding than pow2's buckets."""
+    import tpu_inductor
+
+    plan = tmp_path / "plan.json"
+    shapes = {"policy": "auto", "plan": str(plan), **NAN_PADDING}
+    lengths = [20, 21, 22, 23, 40, 41, 42, 20, 21, 40]
+
+    def run():
+        torch._dynamo.reset()
+        model = _gpt2().eval()
+        compiled = _compile(model, shapes)
+        with torch.no_grad():
+            for n in lengths:
+                ids = torch.randint(0, 100, (2, n))
+                torch._dynamo.maybe_mark_dynamic(ids, 1)
+                assert_same(compiled(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-4)
+        return bucketing.report()[-1]
+
+    first = run()  # no plan yet: pow2 (32 and 64)
+    assert tpu_inductor.save_plans() == [str(plan)] and plan.exists()
+    bucketing.forget_plans()  # as a new process: read from the file
+    second = run()
+    assert set(first["buckets"]) == {"(32,)", "(64,)"}
+    assert {int(b.strip("(,)")) for b in second["buckets"]} <= {23, 42}
+    assert second["padded_share"] < first["padded_share"]

@@ -7,4 +7,26 @@ Importing this package is cheap and changes no global state; jax is imported on 
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "compiles", "precompile", "save_plans"]
+
+
+def compiles() -> int:
+    """PJRT compiles in this process so far: a serving loop asserts that none came after
+    warm-up (on a TPU each costs seconds to minutes)."""
+    from .runtime import stats
+
+    return stats["pjrt_compiles"]
+
+
+def precompile(compiled_fn, example_inputs, dims, largest, shapes=None, progress=None):
+    """Compile every shape bucket of `compiled_fn` up front (tpu_inductor.bucketing)."""
+    from .bucketing import precompile as run
+
+    return run(compiled_fn, example_inputs, dims, largest, shapes, progress)
+
+
+def save_plans() -> list[str]:
+    """Write the `auto` bucket plans chosen from the sizes seen (tpu_inductor.bucketing)."""
+    from .bucketing import save_plans as run
+
+    return run()

@@ -107,8 +107,9 @@ class BucketDispatch:
     def _bucket(self, symbol: str, size: int) -> int:
         policy = self._policy
         if self._plan is not None:
-            self._plan.observe(symbol, size)
-            policy = self._plan.policy_for(symbol, policy)
+            key = self._layout.keys.get(symbol, symbol)
+            self._plan.observe(key, size)
+            policy = self._plan.policy_for(key, policy)
         bucket = policy.bucket(size, self._layout.bounds.get(symbol))
         return max(bucket, size)
 
@@ -176,3 +177,52 @@ def _plan(shapes) -> bucket_policy.BucketPlan:
             bucket_policy.BucketPlan.load(key) if key else bucket_policy.BucketPlan({}, {})
         )
     return _plans[key]
+
+
+def forget_plans() -> None:
+    """Drop the plans of this process (the next use reads each file again)."""
+    _plans.clear()
+
+
+def save_plans(compile_cost: float = bucket_policy.DEFAULT_COMPILE_COST) -> list[str]:
+    """Choose the `auto` policy's boundaries from every size seen so far and write each plan
+    that has a file (option shapes.plan); returns their paths. A new process, or `tpu-inductor
+    compile`, given the same file buckets at these boundaries."""
+    saved = []
+    for path, plan in _plans.items():
+        plan.replan(compile_cost=compile_cost)
+        if path:
+            plan.save(path)
+            saved.append(path)
+    return saved
+
+
+def precompile(compiled_fn, example_inputs, dims, largest: int, shapes=None, progress=None):
+    """Compile every bucket of `compiled_fn` up front, for sizes 2..`largest` of the dims
+    `dims` ({input position: dim}) of `example_inputs`; returns the buckets called.
+
+    Each bucket is one call at the bucket's size, the inputs cut or repeated along `dims` (under
+    torch.no_grad: forward graphs). `shapes`: the options' `shapes` record (the policy's
+    buckets); `progress(label)`, if given, is told each bucket as it starts."""
+    from .config import Options
+
+    shapes = shapes or Options.from_user().shapes
+    buckets = policy_of(shapes).buckets_up_to(largest)
+    for bucket in buckets:
+        if progress is not None:
+            progress(f"bucket {bucket}")
+        inputs = list(example_inputs)
+        for position, dim in dims.items():
+            inputs[position] = _resized(inputs[position], dim, bucket)
+            torch._dynamo.maybe_mark_dynamic(inputs[position], dim)
+        with torch.no_grad():
+            compiled_fn(*inputs)
+    return buckets
+
+
+def _resized(tensor: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """`tensor` cut to, or repeated up to, `size` along `dim`."""
+    reps = -(-size // tensor.shape[dim])
+    repeats = [1] * tensor.dim()
+    repeats[dim] = reps
+    return tensor.repeat(*repeats).narrow(dim, 0, size).contiguous()
