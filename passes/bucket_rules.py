@@ -461,6 +461,23 @@ def _index(b, node):
     return (*out, *layout[len(indices) :])
 
 
+def _index_put(b, node):
+    """index_put(x, indices, values, accumulate=True), the backward of x[indices]: the padded
+    positions of `values` add 0 (where their indices point is anyone's guess)."""
+    x, indices, values = node.args[:3]
+    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    if not accumulate and any(b._has_padding(i) for i in indices if i is not None):
+        raise Refused(f"{node.name}: index_put without accumulate from padded indices")
+    if not all(isinstance(i, torch.fx.Node) for i in indices):
+        raise Refused(f"{node.name}: index_put with slices between index tensors")
+    layout = b.layout(x)
+    if any(b._padded(layout[d]) for d in range(len(indices))):
+        raise Refused(f"{node.name}: index_put into a padded dim")
+    rank = len(b.layout(values))
+    b.replace_input(node, 2, b.mask(node, values, list(range(rank)), 0))
+    return layout
+
+
 def _gather(b, node):
     """gather(x, dim, index): the result has the index's layout; padded indices read some
     position of x (clamped if out of range), in padded positions only."""
@@ -470,6 +487,19 @@ def _gather(b, node):
     if b._padded(layout[dim]):
         raise Refused(f"{node.name}: a gather along a padded dim")
     return b.layout(index)
+
+
+def _scatter(b, node):
+    """scatter(x, dim, index, value or src) along an unpadded dim: each position writes within
+    its own row, so padded rows write padded rows only."""
+    x, dim = node.args[:2]
+    layout = b.layout(x)
+    if b._padded(layout[dim % len(layout)]):
+        raise Refused(f"{node.name}: a scatter along a padded dim")
+    index = b.layout(node.args[2])
+    if any(b._padded(f) and f != layout[i] for i, f in enumerate(index)):
+        raise Refused(f"{node.name}: padded index rows would write real rows of the result")
+    return layout
 
 
 def _layer_norm_layouts(b, node, x, normalized):
@@ -583,6 +613,9 @@ RULES = {
     aten.embedding.default: _embedding,
     aten.index.Tensor: _index,
     aten.gather.default: _gather,
+    aten.scatter.value: _scatter,
+    aten.scatter.src: _scatter,
+    aten.index_put.default: _index_put,
     aten.native_layer_norm.default: _layer_norm,
     aten.native_layer_norm_backward.default: _layer_norm_backward,
     aten._softmax_backward_data.default: _softmax_backward,

@@ -139,10 +139,20 @@ class _Bucketing:
                     expr = size_expr(d)
                     if expr.is_Symbol:
                         self.symbols.setdefault(expr, (position, dim))
+        in_shapes = set()
         for node in self.placeholders:
             value = node.meta.get("val")
-            if isinstance(value, torch.SymInt) and size_expr(value) in self.symbols:
-                self.padded_size.setdefault(size_expr(value), node)
+            if isinstance(value, torch.Tensor):
+                for d in value.shape:
+                    in_shapes |= size_expr(d).free_symbols
+        for position, node in enumerate(self.placeholders):
+            value = node.meta.get("val")
+            expr = size_expr(value) if isinstance(value, torch.SymInt) else None
+            if expr is not None and expr.is_Symbol and expr in in_shapes:
+                # a size only merged dims show (a backward's [b*s, d]): its SymInt input says it
+                self.symbols.setdefault(expr, (position, None))
+            if expr in self.symbols:
+                self.padded_size.setdefault(expr, node)
         for symbol in self.symbols:
             self.bounds[str(symbol)] = _declared_bound(symbol, self.placeholders)
 
@@ -338,7 +348,8 @@ class _Bucketing:
 
     def _symint(self, symbol) -> torch.SymInt:
         position, dim = self.symbols[symbol]
-        return self.placeholders[position].meta["val"].shape[dim]
+        value = self.placeholders[position].meta["val"]
+        return value if dim is None else value.shape[dim]
 
     def size_node(self, expr, before) -> Any:
         """A graph value (or int) of a factor's padded size."""

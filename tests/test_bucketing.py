@@ -134,11 +134,13 @@ def test_a_ragged_last_batch_compiles_nothing_new():
 
 
 def test_gpt2_training_step_equals_eager():
-    """Loss and every gradient; graphs the pass refuses (the loss's gather) compile per size."""
+    """Loss and every gradient at three lengths of one bucket: the model's and the loss's
+    forward and backward graphs compile once each."""
     torch.manual_seed(0)
     model, reference = _gpt2(), _gpt2()
     reference.load_state_dict(model.state_dict())
     compiled = _compile(model, {"policy": "pow2", **NAN_PADDING})
+    before = _compiles()
     for n in (17, 31, 20):
         ids = torch.randint(0, 100, (2, n))
         torch._dynamo.maybe_mark_dynamic(ids, 1)
@@ -147,7 +149,7 @@ def test_gpt2_training_step_equals_eager():
         got, expected = grads_of(model, loss), grads_of(reference, want)
         for name in expected:
             assert_same(got[name], expected[name], atol=1e-5, rtol=1e-4)
-    assert any(r["buckets"] for r in bucketing.report())
+    assert _compiles() - before <= 4
 
 
 def test_a_graph_the_pass_cannot_prove_exact_compiles_per_size_and_says_why(caplog):
