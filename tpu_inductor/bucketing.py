@@ -60,6 +60,11 @@ def report() -> list[dict]:
     return [s.as_dict() for s in _stats]
 
 
+def clear_report() -> None:
+    """Forget what the bucketed graphs so far saw (they keep running)."""
+    _stats.clear()
+
+
 def policy_of(shapes) -> bucket_policy.BucketPolicy:
     """The bucket policy of the `shapes` options record."""
     return bucket_policy.BucketPolicy(
@@ -184,13 +189,22 @@ def forget_plans() -> None:
     _plans.clear()
 
 
-def save_plans(compile_cost: float = bucket_policy.DEFAULT_COMPILE_COST) -> list[str]:
+def save_plans(compile_cost: float = 0.0, max_buckets: int | None = None) -> list[str]:
     """Choose the `auto` policy's boundaries from every size seen so far and write each plan
     that has a file (option shapes.plan); returns their paths. A new process, or `tpu-inductor
-    compile`, given the same file buckets at these boundaries."""
+    compile`, given the same file buckets at these boundaries.
+
+    Per symbol: at most `max_buckets` buckets (default: as many as pow2 needs for the sizes
+    seen, so never more compiles than pow2), the padded work least, plus `compile_cost` padded
+    positions per bucket (raise it to trade padding for fewer compiles)."""
+    pow2 = bucket_policy.BucketPolicy("pow2", min_bucket=1)
     saved = []
     for path, plan in _plans.items():
-        plan.replan(compile_cost=compile_cost)
+        for key, sizes in plan.histogram.items():
+            budget = max_buckets or len({pow2.bucket(n) for n in sizes})
+            plan.boundaries[key] = bucket_policy.choose_boundaries(
+                sizes, max_buckets=budget, compile_cost=compile_cost
+            )
         if path:
             plan.save(path)
             saved.append(path)

@@ -17,7 +17,7 @@ from . import __version__
 from .exc import TpuInductorError
 
 # Modules of this package that add subcommands (each: add_subcommands(commands)).
-SUBCOMMAND_MODULES: tuple[str, ...] = ("cache", "aot_cli", "bench", "report")
+SUBCOMMAND_MODULES: tuple[str, ...] = ("cache", "aot_cli", "bench", "bench_shapes", "report")
 
 
 def _devices(_args) -> int:

@@ -199,6 +199,12 @@ def compile_module(lowered, device: Device):
     return executable
 
 
+def forget_executables() -> None:
+    """Drop the executables `compile_module` keeps (a benchmark's run as a new process)."""
+    if _executables_by_module is not None:
+        _executables_by_module.clear()
+
+
 def serialize_executable(executable, device: Device) -> bytes:
     """The bytes of a compiled executable, for the compile cache and AOT artifacts."""
     return device.client.serialize_executable(executable)

@@ -1,0 +1,196 @@
+"""`tpu-inductor bench-shapes`: what shape bucketing saves where sizes vary, per policy.
+
+Two workloads on a small GPT-2 built from a config (random weights, seeded):
+
+- generate: `generate()` with the dynamic KV cache, four prompts x `--new-tokens` new tokens;
+  the tokens must equal eager's.
+- train: a training run of `--steps` steps at random lengths in 1..`--max-length` (batch 2).
+
+Each runs under tpu_inductor's policies `exact`, `pow2` and `auto` (its plan saved by an
+earlier, unmeasured run of the same workload, then read as a new process would) and Inductor,
+in this one process, one after another. Per run: compiles (PJRT compiles for tpu_inductor;
+graphs compiled for Inductor, each symbolic over every size), total seconds (compiles
+included: on a TPU a compile costs seconds to minutes, so the count is the figure that
+carries over, the seconds are this CPU's), and the padded share of the input elements. The
+machine's load is reported beside them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from . import bucketing, cache, runtime
+from .bench import CpuLoad
+
+POLICIES = ("exact", "pow2", "auto")
+
+
+def _gpt2(max_length: int):
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=256,
+        n_positions=max(2 * max_length, 128),
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    model = transformers.GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"
+    model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, None
+    return model
+
+
+def _compiler(mode: str, plan: str | None):
+    if mode == "inductor":
+        return {"backend": "inductor"}
+    shapes = {"policy": mode, **({"plan": plan} if plan else {})}
+    return {"backend": "tpu_inductor", "options": {"shapes": shapes, "cache": False}}
+
+
+def _counted(mode: str):
+    """(compiles so far) for the mode: PJRT compiles, or graphs Inductor compiled."""
+    if mode == "inductor":
+        from torch._dynamo.utils import counters
+
+        return counters["aot_autograd"]["total"]
+    return runtime.stats["pjrt_compiles"]
+
+
+def _fresh() -> None:
+    """As a new process: no Dynamo graphs, plans read from their files again, no executable
+    of an earlier run at hand (the compile caches are off)."""
+    torch._dynamo.reset()
+    bucketing.forget_plans()
+    runtime.forget_executables()
+    cache.memory_cache.clear()
+
+
+def _generate(mode, plan, prompts, new_tokens, expected):
+    _fresh()
+    model = _gpt2(128).eval()
+    model.forward = torch.compile(model.forward, **_compiler(mode, plan))
+    start, before = time.perf_counter(), _counted(mode)
+    same = True
+    for prompt, want in zip(prompts, expected):
+        got = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False)
+        same = same and torch.equal(got, want)
+    return time.perf_counter() - start, _counted(mode) - before, same
+
+
+def _train(mode, plan, lengths):
+    _fresh()
+    model = _gpt2(max(lengths))
+    step = torch.compile(model, **_compiler(mode, plan))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+    start, before = time.perf_counter(), _counted(mode)
+    for n in lengths:
+        ids = torch.randint(0, 256, (2, n), generator=generator)
+        torch._dynamo.maybe_mark_dynamic(ids, 1)
+        step(ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return time.perf_counter() - start, _counted(mode) - before, None
+
+
+def _padded_share() -> float | None:
+    stats = bucketing.report()
+    return max((s["padded_share"] for s in stats), default=None)
+
+
+def run(steps: int, max_length: int, new_tokens: int, modes=(*POLICIES, "inductor")) -> dict:
+    """Both workloads under every mode; returns the report."""
+    rng = random.Random(0)
+    lengths = [rng.randint(1, max_length) for _ in range(steps)]
+    prompt_lengths = (5, 9, 13, 20)
+    prompts = [
+        torch.randint(1, 256, (1, n), generator=torch.Generator().manual_seed(n))
+        for n in prompt_lengths
+    ]
+    reference = _gpt2(128).eval()
+    expected = [reference.generate(p, max_new_tokens=new_tokens, do_sample=False) for p in prompts]
+    report = {"steps": steps, "max_length": max_length, "new_tokens": new_tokens, "runs": []}
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        inductor_config.patch(fx_graph_cache=False, autotune_local_cache=False),
+        functorch_config.patch(enable_autograd_cache=False),
+        CpuLoad() as load,
+    ):  # every mode compiles what it runs: no cache of an earlier run
+        for workload, fn in (
+            ("generate", lambda m, p: _generate(m, p, prompts, new_tokens, expected)),
+            ("train", lambda m, p: _train(m, p, lengths)),
+        ):
+            plan = str(Path(folder) / f"{workload}.plan.json")
+            for mode in modes:
+                if mode == "auto":  # an earlier run saw the sizes and saved its plan
+                    fn(mode, plan)
+                    bucketing.save_plans()
+                bucketing.clear_report()
+                seconds, compiles, same = fn(mode, plan if mode == "auto" else None)
+                report["runs"].append(
+                    {
+                        "workload": workload,
+                        "mode": mode,
+                        "compiles": compiles,
+                        "seconds": round(seconds, 2),
+                        "same_tokens": same,
+                        "padded_share": None if mode in ("exact", "inductor") else _padded_share(),
+                    }
+                )
+    report["machine_load"] = load.result
+    return report
+
+
+def markdown(report: dict) -> str:
+    rows = [
+        "| workload | mode | compiles | seconds | padded share | same tokens |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in report["runs"]:
+        share = "" if r["padded_share"] is None else f"{100 * r['padded_share']:.1f}%"
+        same = "" if r["same_tokens"] is None else str(r["same_tokens"])
+        rows.append(
+            f"| {r['workload']} | {r['mode']} | {r['compiles']} | {r['seconds']} "
+            f"| {share} | {same} |"
+        )
+    return "\n".join(rows) + f"\n\nmachine load: {report['machine_load']}\n"
+
+
+def add_subcommands(commands) -> None:
+    """Add `tpu-inductor bench-shapes` to the CLI."""
+    parser = commands.add_parser(
+        "bench-shapes", help="compiles and time per shape policy", description=__doc__
+    )
+    parser.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
+    parser.add_argument("--max-length", type=int, default=512, help="longest length (512)")
+    parser.add_argument("--new-tokens", type=int, default=32, help="generated tokens (32)")
+    parser.add_argument("--json", metavar="F", help="write the report as JSON")
+    parser.add_argument("--markdown", metavar="F", help="write the table as markdown")
+    parser.set_defaults(run=_main)
+
+
+def _main(args) -> int:
+    report = run(args.steps, args.max_length, args.new_tokens)
+    table = markdown(report)
+    print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(table)
+    return 0
