@@ -282,3 +282,28 @@ def test_the_auto_plan_is_chosen_from_the_sizes_seen_and_carries_over(tmp_path):
     assert set(first["buckets"]) == {"(32,)", "(64,)"}
     assert {int(b.strip("(,)")) for b in second["buckets"]} <= {23, 42}
     assert second["padded_share"] < first["padded_share"]
+
+
+def test_compile_json_explain_and_the_recompile_reason_show_buckets(tmp_path):
+    from tpu_inductor import report
+
+    def f(x):
+        return x.softmax(1).sum(1)
+
+    def g(x):
+        return torch.sort(x, dim=1).values
+
+    options = {"shapes": {"policy": "pow2"}, "dump_dir": str(tmp_path), "fallback": "error"}
+    for fn in (f, g):
+        compiled = torch.compile(fn, backend="tpu_inductor", options=options)
+        for n in (3, 5, 6, 9):
+            x = torch.randn(2, n)
+            torch._dynamo.maybe_mark_dynamic(x, 1)
+            assert_same(compiled(x), fn(x))
+    text = report.explain(tmp_path)
+    assert (
+        "bucket {\"L['x'].size()[1]\": 4} (pow2) for true sizes {\"L['x'].size()[1]\": 3}" in text
+    )
+    assert "bucket {\"L['x'].size()[1]\": 16}" in text  # 9: a new bucket, explained
+    assert "A new bucket" in text
+    assert "not bucketed: " in text and "sort" in text

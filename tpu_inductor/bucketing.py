@@ -79,14 +79,17 @@ class BucketDispatch:
     """A boxed callable over a bucketed graph; `inner` runs the padded inputs (a SizeDispatch
     over the rewritten graph, its true-size inputs marked as values)."""
 
-    def __init__(self, inner, layout: BucketLayout, shapes, name: str):
+    def __init__(self, inner, layout: BucketLayout, shapes, observer):
         self._boxed_call = True
         self._inner = inner
         self._layout = layout
         self._policy = policy_of(shapes)
         self._plan = _plan(shapes) if shapes.policy == "auto" else None
         self._pad_with = shapes.pad_with
-        self.stats = BucketStats(name, layout.symbols)
+        self._observer = observer  # its records say which bucket and sizes asked for them
+        self.stats = BucketStats(
+            observer.name, tuple(layout.keys.get(s, s) for s in layout.symbols)
+        )
         _stats.append(self.stats)
 
     def __call__(self, args: list) -> list:
@@ -102,6 +105,11 @@ class BucketDispatch:
         for position, size in layout.size_inputs:
             padded[position] = _at(size, buckets)
         padded += [true[s] for s in layout.true_inputs]
+        self._observer.bucketing = {
+            "bucket": {layout.keys.get(s, s): buckets[s] for s in layout.symbols},
+            "true_sizes": {layout.keys.get(s, s): true[s] for s in layout.symbols},
+            "policy": self._policy.kind,
+        }
         outs = self._inner(padded)
         return [self._unpad(out, spec, true, buckets) for out, spec in zip(outs, layout.outputs)]
 

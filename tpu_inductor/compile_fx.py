@@ -126,8 +126,10 @@ def _compile_whole(gm, example_inputs, observer, options: Options, device, stati
     scalars = shapes.value_only_inputs(gm)
     sizes = dispatch.SizeDispatch(specializer, observer.name, scalars, options.shapes.max_compiles)
     layout = gm.meta.get("bucketing")
+    if isinstance(layout, bucket_shapes.Refusal):
+        observer.bucketing = {"refused": layout.reason}
     if isinstance(layout, bucket_shapes.BucketLayout):
-        return bucketing.BucketDispatch(sizes, layout, options.shapes, observer.name)
+        return bucketing.BucketDispatch(sizes, layout, options.shapes, observer)
     return sizes
 
 

@@ -81,6 +81,9 @@ class CompileRecord:
     recompile: str | None = None  # why this graph was compiled again, if it was
     fallback: dict[str, Any] = dataclasses.field(default_factory=dict)  # op → count, sites
     passes: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)  # rewrites
+    # Shape bucketing: the bucket and the true sizes that asked for it, or why the graph is not
+    # bucketed (None: no policy, or no symbolic size).
+    bucketing: dict[str, Any] | None = None
     error: str | None = None  # the last failure inside a stage (a recovered cache fault too)
     status: str = "compiling"  # then "ok" or "failed"
     dump_path: Path | None = None  # this record's dump folder, when dumping
@@ -265,6 +268,9 @@ class GraphObserver:
         self.options = options
         self.active = _active(options)
         self._last = ""  # the graph text last shown, for the next pass's diff
+        # What the shape bucketing of this graph is (set by the compile stages, and per call
+        # by the bucket dispatch: the bucket and true sizes a compile is asked for).
+        self.bucketing: dict[str, Any] | None = None
         _compile_ids.setdefault(name, _compile_id())  # recompile explanations read it, too
 
     def graph(self, stage: str, gm: torch.fx.GraphModule) -> None:
@@ -304,7 +310,13 @@ class GraphObserver:
         fallback_ops(self.name, missing, platform, self.options)
 
     def record(self, inputs: tuple, fingerprint: str | None = None) -> CompileRecord:
-        return new_record(self.name, inputs, fingerprint=fingerprint, options=self.options)
+        return new_record(
+            self.name,
+            inputs,
+            fingerprint=fingerprint,
+            options=self.options,
+            bucketing=self.bucketing,
+        )
 
     def _add(self, item: _Stage) -> None:
         _emit(self.name, item, self.name)
@@ -313,11 +325,17 @@ class GraphObserver:
 
 
 def new_record(
-    graph: str, inputs: tuple, *, fingerprint: str | None = None, options: Options | None = None
+    graph: str,
+    inputs: tuple,
+    *,
+    fingerprint: str | None = None,
+    options: Options | None = None,
+    bucketing: dict[str, Any] | None = None,
 ) -> CompileRecord:
     """Open the record of one compile of `graph` for `inputs`; explain it if it recompiles."""
     compile_id = _compile_id(graph)
     record = CompileRecord(graph, inputs, fingerprint=fingerprint, compile_id=compile_id)
+    record.bucketing = None if bucketing is None else dict(bucketing)
     if options is not None:
         record.options = options.cache_key_entries()
     if fingerprint is not None:
@@ -388,6 +406,7 @@ def compile_summary(record: CompileRecord) -> dict[str, Any]:
         "options": {k: list(v) if isinstance(v, tuple) else v for k, v in record.options.items()},
         "fallback_ops": record.fallback,
         "pass_rewrites": record.passes,
+        "bucketing": record.bucketing,
         "fingerprint": record.fingerprint,
         "files": record.files,
     }
@@ -487,6 +506,18 @@ def _tensor_change(position: int, before, after, advice: list[str], same_graph: 
     return what + ": " + ", ".join(f"dim {d}: {old_shape[d]} → {new_shape[d]}" for d in dims)
 
 
+def _bucketing_note(bucketing: dict[str, Any] | None) -> str:
+    """What the recompile explanation adds about shape bucketing."""
+    if not bucketing:
+        return ""
+    if "refused" in bucketing:
+        return f" Not bucketed (compiled per exact size): {bucketing['refused']}."
+    return (
+        f" A new bucket {bucketing['bucket']} for true sizes {bucketing['true_sizes']} "
+        "(tpu_inductor.precompile compiles the buckets before the first call)."
+    )
+
+
 def _explain_if_recompile(record: CompileRecord) -> None:
     same = [(r, r.inputs) for r in records if r.fingerprint == record.fingerprint]
     if any(r.inputs == record.inputs and r.options == record.options for r, _ in same):
@@ -517,7 +548,7 @@ def _explain_if_recompile(record: CompileRecord) -> None:
         same_graph=previous.graph == record.graph,
         old_options=previous.options,
         new_options=record.options,
-    )
+    ) + _bucketing_note(record.bucketing)
     if previous.graph == record.graph:
         same_as = ""
     elif previous.fingerprint == record.fingerprint:

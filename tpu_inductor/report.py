@@ -98,6 +98,14 @@ def explain(dump_dir: str | Path, compiles: list[dict[str, Any]] | None = None) 
         )
         if c["recompile_reason"]:
             lines.append(f"    recompiled: {c['recompile_reason']}")
+        bucketing = c.get("bucketing")
+        if bucketing and "refused" in bucketing:
+            lines.append(f"    not bucketed: {bucketing['refused']}")
+        elif bucketing:
+            lines.append(
+                f"    bucket {bucketing['bucket']} ({bucketing['policy']}) for true sizes "
+                f"{bucketing['true_sizes']}"
+            )
         if c["error"]:
             lines.append(f"    error: {c['error']}")
     fallback: dict[str, int] = collections.Counter()
