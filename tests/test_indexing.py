@@ -77,6 +77,17 @@ def test_index_put_through_mask(mask_shape, value_shape, accumulate):
     check_against_eager(lambda x, m, v: torch.index_put(x, (m,), v, accumulate), x, mask, v)
 
 
+def test_index_put_of_no_values_through_a_mask_is_not_lowered():
+    """A mask that selects nothing, given no values (size 0 where one value per element would
+    go): not a one-value write our rule knows; it runs in eager torch, as eager does it."""
+    x, mask = _x(3, 4), torch.zeros(3, 4, dtype=torch.bool)
+    fn = lambda x, m, v: torch.index_put(x, (m,), v)  # noqa: E731
+    values = torch.empty(0)
+    check_against_eager(fn, x, mask, values, options={"fallback": "eager"})
+    with pytest.raises(UnsupportedOpError, match="index_put"):
+        compile_aten(fn, [x, mask, values])
+
+
 def test_index_put_through_mask_of_leading_dims():
     x, mask, value = _x(2, 4, 3), torch.rand(4, 3) > 0.5, _x(2, 1)
     check_against_eager(lambda x, m, v: torch.ops.aten.index_put(x, [None, m], v), x, mask, value)

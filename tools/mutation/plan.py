@@ -17,6 +17,11 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "lowering/ops/indexing.py": ("tests/test_indexing.py",),
     "lowering/ops/shape.py": ("tests/test_shape_ops.py",),
     "lowering/ops/nn.py": ("tests/test_nn_ops.py",),
+    # The passes: what bucketing masks, and the shape policy it extends.
+    "passes/bucket_rules.py": ("tests/test_bucketing.py",),
+    "passes/bucket_shapes.py": ("tests/test_bucketing.py",),
+    "passes/bucket_policy.py": ("tests/test_bucket_policy.py",),
+    "passes/shapes.py": ("tests/test_shape_policy.py",),
 }
 
 
