@@ -307,3 +307,29 @@ def test_compile_json_explain_and_the_recompile_reason_show_buckets(tmp_path):
     assert "bucket {\"L['x'].size()[1]\": 16}" in text  # 9: a new bucket, explained
     assert "A new bucket" in text
     assert "not bucketed: " in text and "sort" in text
+
+
+def test_bucketed_results_equal_the_exact_size_compile_to_a_few_ulp():
+    """The same graph compiled per exact size and per pow2 bucket: integer results identical,
+    floating ones within 16 ulp of each result's scale (sums over a padded dim add the same
+    real terms, in another order)."""
+    w, table = torch.randn(8, 8), torch.randn(50, 4)
+    results = {}
+    for policy in ("exact", "pow2"):
+        torch._dynamo.reset()
+        compiled = _compile(_ops, {"policy": policy, **NAN_PADDING})
+        runs = []
+        for n in (3, 5, 17, 33):
+            g = torch.Generator().manual_seed(n)
+            x, ids = torch.randn(2, n, 8, generator=g), torch.randint(0, 50, (2, n), generator=g)
+            torch._dynamo.maybe_mark_dynamic(x, 1)
+            torch._dynamo.maybe_mark_dynamic(ids, 1)
+            runs.append(compiled(x, w, table, ids))
+        results[policy] = runs
+    for exact, bucketed in zip(results["exact"], results["pow2"]):
+        for a, b in zip(exact, bucketed):
+            if not a.dtype.is_floating_point:
+                assert torch.equal(a, b)
+                continue
+            scale = a.abs().max().clamp_min(torch.finfo(a.dtype).tiny)
+            assert (a - b).abs().max() <= 16 * torch.finfo(a.dtype).eps * scale
