@@ -552,18 +552,26 @@ def _nll_backward(b, node):
 
 
 def attention(b, node):
-    """Causal attention over one padded length: real queries never see padded keys; every
-    padded operand is zeroed, so that 0 · NaN never reaches a real position."""
+    """Attention, forward and backward: padded keys get a -inf bias (causal attention over one
+    padded length needs none: real queries never see them); every padded operand, and the
+    padding of a given mask, is made neutral, so that 0 · NaN never reaches a real position."""
     backward = node.target is aten._scaled_dot_product_flash_attention_for_cpu_backward.default
     q, k, v = node.args[1:4] if backward else node.args[:3]
     causal = node.args[7 if backward else 4] if len(node.args) > (7 if backward else 4) else False
     lq, lk, lv = b.layout(q), b.layout(k), b.layout(v)
     if node.args[6 if backward else 3] if len(node.args) > (6 if backward else 3) else 0:
         raise Refused(f"{node.name}: attention with dropout over padded dims")
+    given = node.kwargs.get("attn_mask")
+    if isinstance(given, torch.fx.Node) and b._has_padding(given):
+        # its padding may hold anything (+inf from a padded input): neutral there, so that a
+        # padded row's weights stay finite and 0 · their gradient stays 0
+        neutral = True if given.meta["val"].dtype == torch.bool else 0.0
+        dims = list(range(len(b.layout(given))))
+        node.kwargs = {**node.kwargs, "attn_mask": b.mask(node, given, dims, neutral)}
     if b._padded(lk[2]) and not (causal and lq[2] == lk[2]):
-        if backward or causal:
+        if causal:
             raise Refused(f"{node.name}: attention over padded keys, causal across lengths")
-        _mask_keys(b, node, k, lk)
+        _mask_keys(b, node, k, lk)  # forward and backward alike: the weights of padded keys are 0
     for index, a in enumerate(node.args[: 6 if backward else 3]):
         if isinstance(a, torch.fx.Node):
             b.replace_input(node, index, b.mask(node, a, list(range(len(b.layout(a)))), 0))
