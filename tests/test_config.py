@@ -15,7 +15,7 @@ from tpu_inductor.exc import OptionError
 
 def test_shapes_defaults():
     shapes = Options.from_user().shapes
-    assert shapes == ShapeOptions() and (shapes.policy, shapes.max_compiles) == ("exact", 64)
+    assert shapes == ShapeOptions() and (shapes.policy, shapes.max_compiles) == ("pow2", 64)
 
 
 def test_a_partial_dict_keeps_the_other_fields_defaults():
@@ -188,7 +188,7 @@ def test_the_users_dict_beats_the_environment(monkeypatch):
 
 def test_cache_key_holds_records_as_plain_sorted_dicts():
     entries = Options.from_user().cache_key_entries()
-    assert entries["shapes"] == {"min_bucket": 1, "multiple": 128, "policy": "exact", "sizes": ()}
+    assert entries["shapes"] == {"min_bucket": 1, "multiple": 128, "policy": "pow2", "sizes": ()}
     assert list(entries) == sorted(entries)
 
     def listed(value):  # what JSON makes of tuples, at any depth
@@ -206,7 +206,9 @@ def test_max_compiles_leaves_the_key_and_policy_is_in_it(monkeypatch):
     monkeypatch.setenv("TPU_INDUCTOR_SHAPES", '{"max_compiles": 5}')
     assert Options.from_user().cache_key_entries() == base
     # the policy reaches the key; what fills the padding and the plan's file do not
-    other = Options.from_user({"shapes": {"policy": "pow2", "pad_with": "nan", "plan": "p"}})
-    assert other.cache_key_entries()["shapes"]["policy"] == "pow2"
+    other = Options.from_user({"shapes": {"policy": "exact", "pad_with": "nan", "plan": "p"}})
+    assert other.cache_key_entries()["shapes"]["policy"] == "exact"
     assert "pad_with" not in other.cache_key_entries()["shapes"]
     assert other.cache_key_entries() != base
+    padded = Options.from_user({"shapes": {"pad_with": "nan", "plan": "p"}})
+    assert padded.cache_key_entries() == base

@@ -42,7 +42,10 @@ def run_dump(tmp_path_factory):
     torch.manual_seed(0)
     model = Block()
     compiled = torch.compile(
-        model, backend="tpu_inductor", options={"dump_dir": str(dump), "cache": False}
+        model,
+        backend="tpu_inductor",
+        # the per-size records and explanations of the exact policy are what is checked
+        options={"dump_dir": str(dump), "cache": False, "shapes": {"policy": "exact"}},
     )
     handler, logger = _Capture(), logging.getLogger("tpu_inductor.debug")
     level = logger.level
