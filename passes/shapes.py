@@ -1,7 +1,7 @@
 """shapes: the shape policy. Decides which sizes a graph is compiled at, and makes them concrete.
 
-Policy `exact` (today's only one; bucketing extends it): a graph is compiled once per concrete
-input signature. Two halves:
+The `exact` half, which every policy rests on: a graph is compiled once per concrete input
+signature (bucket_shapes.py makes the signatures few: inputs padded to buckets). Two halves:
 
 - `run(gm, ctx)`, the pass, once on the whole graph: marks the integer nodes that are values
   only (a step counter multiplied into a tensor, never a size), `meta["value_only"] = True`, so
