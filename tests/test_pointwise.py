@@ -457,3 +457,19 @@ def test_sin_and_cos_have_a_cpu_rule_and_a_portable_one():
     cpu, tpu = (stablehlo.lower(gm, [x], platform=p).text for p in ("cpu", "tpu"))
     assert "stablehlo.case" in cpu or "stablehlo.if" in cpu
     assert "stablehlo.sine" in tpu and "stablehlo.case" not in tpu and "stablehlo.if" not in tpu
+
+
+def test_clamp_takes_its_bound_as_a_runtime_value():
+    """An integer bound that changes between calls is passed to the compiled graph (clamp's
+    rule takes traced scalars): one compile serves every value after Dynamo's first."""
+    from tpu_inductor import runtime
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, n: torch.clamp(x, max=n) * 2, backend="tpu_inductor")
+    x = torch.linspace(-3, 3, 13)
+    compiled(x, 1)
+    before = runtime.stats["pjrt_compiles"]
+    for n in (2, 3, 0):
+        torch.testing.assert_close(compiled(x, n), torch.clamp(x, max=n) * 2)
+    assert runtime.stats["pjrt_compiles"] - before <= 1  # 0: a module compiled before here
+    torch._dynamo.reset()
