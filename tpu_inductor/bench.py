@@ -669,9 +669,19 @@ def _positive(text: str) -> int:
     return value
 
 
-def _main(args) -> int:
+def write_outputs(report: dict, text: str, json_path: str | None, markdown_path: str | None):
+    """Print a benchmark's table; write the report as JSON and the table as markdown if asked."""
     import json
     from pathlib import Path
+
+    print(text)
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=1) + "\n")
+    if markdown_path:
+        Path(markdown_path).write_text(text)
+
+
+def _main(args) -> int:
 
     if args.list:
         for spec in bench_models.BUILTINS.values():
@@ -691,11 +701,7 @@ def _main(args) -> int:
     with progress_bar(progress_steps(settings)) as progress:  # a BenchError: cli.main reports it
         report = run(settings, progress)
     text = markdown(report)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
-    if args.markdown:
-        Path(args.markdown).write_text(text)
+    write_outputs(report, text, args.json, args.markdown)
     if args.plot:
         if not plot(report, args.plot):
             print(

@@ -17,7 +17,6 @@ machine's load is reported beside them.
 
 from __future__ import annotations
 
-import json
 import random
 import tempfile
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 
 from . import bucketing, cache, runtime
-from .bench import CpuLoad
+from .bench import CpuLoad, write_outputs
 
 POLICIES = ("exact", "pow2", "auto")
 
@@ -187,10 +186,5 @@ def add_subcommands(commands) -> None:
 
 def _main(args) -> int:
     report = run(args.steps, args.max_length, args.new_tokens)
-    table = markdown(report)
-    print(table)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
-    if args.markdown:
-        Path(args.markdown).write_text(table)
+    write_outputs(report, markdown(report), args.json, args.markdown)
     return 0
