@@ -174,7 +174,7 @@ class _Bucketing:
         return tuple(padded), tuple(sizes)
 
     def _check_supported(self, node) -> None:
-        supported = getattr(self.ctx, "supported", None)
+        supported = self.ctx.supported
         if supported is not None and not supported(node):
             raise Refused(f"{node.name} ({node.target}) has no lowering rule: the graph is split")
 
@@ -520,11 +520,7 @@ def _size_argument_only(user, node) -> bool:
     else:
         return False
     for i, a in enumerate(args):
-        inside = (
-            node in torch.fx.node.map_aggregate(a, lambda v: v)
-            if isinstance(a, (list, tuple))
-            else a is node
-        )
+        inside = any(v is node for v in a) if isinstance(a, (list, tuple)) else a is node
         if inside and i not in positions:
             return False
     return not any(node is v for v in user.kwargs.values())

@@ -87,22 +87,11 @@ def test_every_masked_op_equals_eager_at_the_true_sizes(batch, lengths, shapes):
     assert bucketing.report()[-1]["buckets"], "the graph was not bucketed"
 
 
-def _gpt2(**config):
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.GPT2Config(
-        n_layer=2,
-        n_head=2,
-        n_embd=32,
-        vocab_size=100,
-        n_positions=256,
-        bos_token_id=0,
-        eos_token_id=0,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        **config,
-    )
-    return transformers.GPT2LMHeadModel(cfg)
+def _gpt2():
+    """The zoo's GPT-2 (seeded, dropout off), with positions for lengths up to 256."""
+    from . import hf_zoo
+
+    return hf_zoo.build("gpt2", hf_zoo.Size(seq=128))[0]
 
 
 def test_gpt2_lengths_compile_three_times_under_pow2():
@@ -137,7 +126,7 @@ def test_gpt2_training_step_equals_eager():
     """Loss and every gradient at three lengths of one bucket: the model's and the loss's
     forward and backward graphs compile once each."""
     torch.manual_seed(0)
-    model, reference = _gpt2(), _gpt2()
+    model, reference = _gpt2().train(), _gpt2().train()
     reference.load_state_dict(model.state_dict())
     compiled = _compile(model, {"policy": "pow2", **NAN_PADDING})
     before = _compiles()
