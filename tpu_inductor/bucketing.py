@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 from typing import Any
 
@@ -87,9 +88,8 @@ class BucketDispatch:
         self._plan = _plan(shapes) if shapes.policy == "auto" else None
         self._pad_with = shapes.pad_with
         self._observer = observer  # its records say which bucket and sizes asked for them
-        self.stats = BucketStats(
-            observer.name, tuple(layout.keys.get(s, s) for s in layout.symbols)
-        )
+        self._keys = tuple(layout.keys[s] for s in layout.symbols)  # plan and record names
+        self.stats = BucketStats(observer.name, self._keys)
         _stats.append(self.stats)
 
     def __call__(self, args: list) -> list:
@@ -106,8 +106,8 @@ class BucketDispatch:
             padded[position] = _at(size, buckets)
         padded += [true[s] for s in layout.true_inputs]
         self._observer.bucketing = {
-            "bucket": {layout.keys.get(s, s): buckets[s] for s in layout.symbols},
-            "true_sizes": {layout.keys.get(s, s): true[s] for s in layout.symbols},
+            "bucket": dict(zip(self._keys, buckets.values())),
+            "true_sizes": dict(zip(self._keys, true.values())),
             "policy": self._policy.kind,
         }
         outs = self._inner(padded)
@@ -120,7 +120,7 @@ class BucketDispatch:
     def _bucket(self, symbol: str, size: int) -> int:
         policy = self._policy
         if self._plan is not None:
-            key = self._layout.keys.get(symbol, symbol)
+            key = self._layout.keys[symbol]
             self._plan.observe(key, size)
             policy = self._plan.policy_for(key, policy)
         bucket = policy.bucket(size, self._layout.bounds.get(symbol))
@@ -165,8 +165,16 @@ class BucketDispatch:
 
 
 def _at(expr: sympy.Expr, sizes: dict) -> int:
-    """A size expression's value where each symbol is `sizes[its name]`."""
-    return int(expr.subs({x: sizes[str(x)] for x in expr.free_symbols}))
+    """A size expression's value where each symbol is `sizes[its name]` (every call: no sympy
+    substitution on the per-call path, a function made once per expression)."""
+    names, fn = _evaluator(expr)
+    return int(fn(*(sizes[n] for n in names)))
+
+
+@functools.cache
+def _evaluator(expr: sympy.Expr):
+    symbols = sorted(expr.free_symbols, key=str)
+    return tuple(str(s) for s in symbols), sympy.lambdify(symbols, expr, "math")
 
 
 def _fill(dtype: torch.dtype, pad_with: str):
