@@ -94,28 +94,18 @@ class BucketDispatch:
 
     def __call__(self, args: list) -> list:
         layout = self._layout
-        true = {s: self._true_size(s, args) for s in layout.symbols}
+        true = true_sizes(layout, args)
         buckets = {s: self._bucket(s, n) for s, n in true.items()}
         self.stats.served[tuple(buckets[s] for s in layout.symbols)].add(
             tuple(true[s] for s in layout.symbols)
         )
-        padded = list(args)
-        for position, dim, factors in layout.padded_inputs:
-            padded[position] = self._pad(padded[position], dim, factors, true, buckets)
-        for position, size in layout.size_inputs:
-            padded[position] = _at(size, buckets)
-        padded += [true[s] for s in layout.true_inputs]
+        padded = pad_inputs(layout, args, true, buckets, self._pad_with, self.stats)
         self._observer.bucketing = {
             "bucket": dict(zip(self._keys, buckets.values())),
             "true_sizes": dict(zip(self._keys, true.values())),
             "policy": self._policy.kind,
         }
-        outs = self._inner(padded)
-        return [self._unpad(out, spec, true, buckets) for out, spec in zip(outs, layout.outputs)]
-
-    def _true_size(self, symbol: str, args: list) -> int:
-        position, dim = self._layout.sources[symbol]
-        return int(args[position]) if dim is None else int(args[position].shape[dim])
+        return unpad_outputs(layout, self._inner(padded), true, buckets)
 
     def _bucket(self, symbol: str, size: int) -> int:
         policy = self._policy
@@ -126,42 +116,70 @@ class BucketDispatch:
         bucket = policy.bucket(size, self._layout.bounds.get(symbol))
         return max(bucket, size)
 
-    def _pad(self, tensor: torch.Tensor, dim: int, factors, true, buckets) -> torch.Tensor:
-        """`tensor` with `dim` (row-major `factors`) padded at the end of each padded factor."""
-        have = [_at(f, true) for f in factors]
-        want = [_at(f, buckets) for f in factors]
-        if have == want:
-            return tensor
-        merged = tensor.unflatten(dim, have) if len(factors) > 1 else tensor
-        shape = list(merged.shape)
-        shape[dim : dim + len(want)] = want
-        out = torch.full(shape, _fill(tensor.dtype, self._pad_with), dtype=tensor.dtype)
-        region = out
-        for j, size in enumerate(have):
-            region = region.narrow(dim + j, 0, size)
-        region.copy_(merged)
-        self.stats.real_elements += tensor.numel()
-        self.stats.padded_elements += out.numel() - tensor.numel()
-        return out.flatten(dim, dim + len(factors) - 1) if len(factors) > 1 else out
 
-    def _unpad(self, out: Any, spec: Any, true: dict, buckets: dict) -> Any:
-        if isinstance(spec, sympy.Expr):  # a SymInt output: its value at the true sizes
-            return _at(spec, true)
-        if spec is None or not isinstance(out, torch.Tensor):
-            return out
-        for dim in reversed(range(len(spec))):
-            factors = spec[dim]
-            if not any(f.free_symbols for f in factors):
-                continue
-            if len(factors) == 1:
-                out = out.narrow(dim, 0, _at(factors[0], true))
-                continue
-            out = out.unflatten(dim, [_at(f, buckets) for f in factors])
-            for j, f in enumerate(factors):
-                if f.free_symbols:
-                    out = out.narrow(dim + j, 0, _at(f, true))
-            out = out.flatten(dim, dim + len(factors) - 1)
-        return out.contiguous()  # as the graph's own outputs are
+def true_sizes(layout: BucketLayout, args: list) -> dict[str, int]:
+    """Each bucketed symbol's true size, read off the (unpadded) inputs."""
+    sizes = {}
+    for symbol in layout.symbols:
+        position, dim = layout.sources[symbol]
+        sizes[symbol] = int(args[position]) if dim is None else int(args[position].shape[dim])
+    return sizes
+
+
+def pad_inputs(layout: BucketLayout, args, true, buckets, pad_with: str, stats=None) -> list:
+    """The graph's inputs at the `buckets`' sizes, then the true sizes of `layout.true_inputs`
+    (ints); the padding filled as `pad_with` says; `stats` (a BucketStats) counts elements."""
+    padded = list(args)
+    for position, dim, factors in layout.padded_inputs:
+        padded[position] = _pad(padded[position], dim, factors, true, buckets, pad_with, stats)
+    for position, size in layout.size_inputs:
+        padded[position] = _at(size, buckets)
+    return padded + [true[s] for s in layout.true_inputs]
+
+
+def unpad_outputs(layout: BucketLayout, outs, true, buckets) -> list:
+    """The graph's outputs at the true sizes (padded dims sliced back, SymInts evaluated)."""
+    return [_unpad(out, spec, true, buckets) for out, spec in zip(outs, layout.outputs)]
+
+
+def _pad(tensor: torch.Tensor, dim: int, factors, true, buckets, pad_with, stats):
+    """`tensor` with `dim` (row-major `factors`) padded at the end of each padded factor."""
+    have = [_at(f, true) for f in factors]
+    want = [_at(f, buckets) for f in factors]
+    if have == want:
+        return tensor
+    merged = tensor.unflatten(dim, have) if len(factors) > 1 else tensor
+    shape = list(merged.shape)
+    shape[dim : dim + len(want)] = want
+    out = torch.full(shape, _fill(tensor.dtype, pad_with), dtype=tensor.dtype)
+    region = out
+    for j, size in enumerate(have):
+        region = region.narrow(dim + j, 0, size)
+    region.copy_(merged)
+    if stats is not None:
+        stats.real_elements += tensor.numel()
+        stats.padded_elements += out.numel() - tensor.numel()
+    return out.flatten(dim, dim + len(factors) - 1) if len(factors) > 1 else out
+
+
+def _unpad(out: Any, spec: Any, true: dict, buckets: dict) -> Any:
+    if isinstance(spec, sympy.Expr):  # a SymInt output: its value at the true sizes
+        return _at(spec, true)
+    if spec is None or not isinstance(out, torch.Tensor):
+        return out
+    for dim in reversed(range(len(spec))):
+        factors = spec[dim]
+        if not any(f.free_symbols for f in factors):
+            continue
+        if len(factors) == 1:
+            out = out.narrow(dim, 0, _at(factors[0], true))
+            continue
+        out = out.unflatten(dim, [_at(f, buckets) for f in factors])
+        for j, f in enumerate(factors):
+            if f.free_symbols:
+                out = out.narrow(dim + j, 0, _at(f, true))
+        out = out.flatten(dim, dim + len(factors) - 1)
+    return out.contiguous()  # as the graph's own outputs are
 
 
 def _at(expr: sympy.Expr, sizes: dict) -> int:
