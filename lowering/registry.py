@@ -33,6 +33,7 @@ RULE_MODULES = (
     "fft",
     "special",
     "nn",
+    "attention",
     "resample",
     "statistics",
     "random",

@@ -55,6 +55,18 @@ class ShapeOptions:
 
 
 @dataclasses.dataclass(frozen=True)
+class FusionOptions:
+    """Rewrites of structure XLA cannot see (passes/fuse_*.py): `{"fusion": {"attention": False}}`.
+
+    `attention`: SDPA kernels and written-out attention (matmul, scale, mask, softmax, matmul)
+    become one `tpu_inductor::attention` op; masks built as a causal tril become its causal
+    flag, K/V repeated for grouped-query attention are read unrepeated.
+    """
+
+    attention: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class Options:
     """Validated options of one `torch.compile(..., backend="tpu_inductor")` call."""
 
@@ -81,6 +93,8 @@ class Options:
     cache_max_mb: int = 2048
     # Symbolic sizes: the shape policy and how many concrete-size compiles a graph keeps.
     shapes: ShapeOptions = ShapeOptions()
+    # Fusion passes, each switchable (passes/fuse_attention.py).
+    fusion: FusionOptions = FusionOptions()
 
     @classmethod
     def from_user(cls, options: dict[str, Any] | None = None, mode: str | None = None) -> Options:

@@ -1,0 +1,254 @@
+"""fuse_attention: attention → one `tpu_inductor::attention` op (tpu_inductor/attention_op.py).
+
+Runs on each ATen graph after bucketing (so bucketing never meets the op; its masks on padded
+keys are read as any other mask). Rewrites, each counted in `ctx.rewrites`:
+
+    _scaled_dot_product_flash_attention_for_cpu(q, k, v, 0, causal, mask, scale)
+        -> attention(q, k, v, mask, scale, 0 | None)                        # sdpa_forward
+    _scaled_dot_product_flash_attention_for_cpu_backward(...)
+        -> attention_backward(...)                                          # sdpa_backward
+    bmm(softmax(steps(bmm(q, kᵀ))), v), steps from passes/fuse_patterns.py
+        -> attention(q, k, v, mask, scale, ...)                             # written_out
+    a mask that is a causal tril (passes/fuse_causal.py) -> its diagonal    # causal_mask
+    K/V repeated for grouped-query attention -> the unrepeated K/V          # gqa_folded
+
+The other SDPA kernels (flash, efficient, cuDNN) take CUDA tensors, which the backend refuses;
+the math kernel is decomposed before this pass and met as written-out attention (with
+`_safe_softmax`). Not rewritten: a softmax or score another node also reads (a training
+forward saves its softmax for the backward: the written-out backward stays as it is), dropout,
+a second mask, masks that are neither float biases nor -inf / finfo.min fills.
+
+Preserves: every result (the op computes what the nodes it replaces did, in float32; a
+written-out softmax over a row of -inf stays NaN), `node.meta["val"]` (new nodes get theirs
+from the op's fake kernel) and the random streams (no random op is touched).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+from torch.fx.operator_schemas import normalize_function
+
+from tpu_inductor.attention_op import ops as ours
+
+from . import fuse_causal
+from .context import PassContext
+from .fuse_patterns import CONVERTS, SOFTMAX, VIEWS, match_step, matmul_operand, repeated_heads
+
+aten = torch.ops.aten
+_FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
+_FLASH_BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
+def run(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
+    if not ctx.options.fusion.attention:
+        return gm
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or not node.users:
+            continue
+        if node.target in SOFTMAX:
+            _written_out(node, ctx)
+        elif node.target in (_FLASH, _FLASH_BACKWARD):
+            _sdpa(node, ctx)
+    gm.graph.eliminate_dead_code()
+    return gm
+
+
+def _insert(before: torch.fx.Node, target, args) -> torch.fx.Node:
+    """A call of `target` before `before`, its meta["val"] from the fake values of its args."""
+    graph = before.graph
+    with graph.inserting_before(before):
+        node = graph.call_function(target, tuple(args))
+    vals = torch.fx.node.map_arg(node.args, lambda n: n.meta["val"])
+    mode = torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    with mode if mode is not None else torch._subclasses.fake_tensor.unset_fake_temporarily():
+        node.meta["val"] = target(*vals)
+    node.meta["stack_trace"] = before.meta.get("stack_trace")
+    return node
+
+
+def _replace(old: torch.fx.Node, target, args, counts, ctx: PassContext) -> None:
+    """`old`'s uses read a new call of `target`; the rewrite's counts go to `ctx.rewrites`."""
+    new = _insert(old, target, args)
+    old.replace_all_uses_with(new)
+    for what in counts:
+        ctx.rewrites[what] += 1
+
+
+# --- SDPA ----------------------------------------------------------------------------------
+
+
+def _sdpa(node: torch.fx.Node, ctx: PassContext) -> None:
+    _, kw = normalize_function(
+        node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True
+    )
+    if kw.get("dropout_p", 0.0):
+        ctx.rewrites["skipped_dropout"] += 1
+        return
+    q, k, v = kw["query"], kw["key"], kw["value"]
+    scale = kw.get("scale")
+    head_dim = q.meta["val"].shape[-1]
+    if scale is None:
+        if not isinstance(head_dim, int):
+            return
+        scale = 1 / math.sqrt(head_dim)
+    mask, causal = kw.get("attn_mask"), 0 if kw.get("is_causal") else None
+    counts = ["sdpa_backward" if node.target is _FLASH_BACKWARD else "sdpa_forward"]
+    if mask is not None and causal is None:
+        causal = _causal(mask, "zero", q, k)
+        if causal is not None:
+            mask = None
+            counts.append("causal_mask")
+    if node.target is _FLASH_BACKWARD:  # keeps the repeated K/V: its gradients are theirs
+        args = (kw["grad_out"], q, k, v, kw["out"], kw["logsumexp"], mask, scale, causal)
+        _replace(node, ours.attention_backward.default, args, counts, ctx)
+        return
+    k, v, folded = _fold_gqa(q, k, v)
+    counts += ["gqa_folded"] * folded
+    _replace(node, ours.attention.default, (q, k, v, mask, scale, causal, False), counts, ctx)
+
+
+def _causal(mask: torch.fx.Node, keep_when: str, q: torch.fx.Node, k: torch.fx.Node):
+    queries, keys = q.meta["val"].shape[-2], k.meta["val"].shape[-2]
+    return fuse_causal.diagonal(mask, keep_when=keep_when, queries=queries, keys=keys)
+
+
+def _fold_gqa(q, k, v):
+    """K and V read back to their unrepeated heads where q's heads are a multiple of theirs."""
+    heads = q.meta["val"].shape[-3] if q.meta["val"].dim() >= 3 else None
+    folded = 0
+    out = []
+    for t in (k, v):
+        source = repeated_heads(t)
+        groups = source.meta["val"].shape[-3]
+        if source is not t and isinstance(heads, int) and heads % groups == 0:
+            t, folded = source, folded + 1
+        out.append(t)
+    return out[0], out[1], folded
+
+
+# --- written-out attention -----------------------------------------------------------------
+
+
+def _only_user(node: torch.fx.Node) -> torch.fx.Node | None:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def _written_out(softmax: torch.fx.Node, ctx: PassContext) -> None:
+    rank = softmax.meta["val"].dim()
+    dim = softmax.args[1]
+    if rank < 3 or dim not in (-1, rank - 1) or (len(softmax.args) > 2 and softmax.args[2]):
+        return
+    tail = _tail(softmax)
+    head = _head(softmax.args[0], [])
+    if tail is None or head is None:
+        return
+    out_node, v3 = tail
+    (q3, kt3), found = head
+    q, kt, v = matmul_operand(q3), matmul_operand(kt3), matmul_operand(v3)
+    if q is None or kt is None or v is None:
+        return
+    if out_node.meta["val"].dtype != q.meta["val"].dtype or out_node.meta["val"].dim() != rank:
+        return
+    scale, bias, causal, counts = 1.0, None, None, ["written_out"]
+    masks = [(step, got) for step, got in found if step.kind in ("bias", "keep", "drop")]
+    if len(masks) > 1:
+        return
+    for step, got in found:
+        if step.kind in ("scale", "inverse_scale"):
+            c = got["c"]
+            if isinstance(c, bool) or not isinstance(c, (int, float)) or c == 0:
+                return
+            scale *= c if step.kind == "scale" else 1 / c
+    k = _untransposed(kt)
+    if masks:
+        ((step, got),) = masks
+        made = _mask(step, got, softmax, q, k)
+        if made is None:
+            return
+        bias, causal = made
+        counts += ["causal_mask"] * (causal is not None)
+    k, v, folded = _fold_gqa(q, k, v)
+    counts += ["gqa_folded"] * folded
+    nan_rows = bias is not None and not SOFTMAX[softmax.target]
+    fused = _insert(out_node, ours.attention.default, (q, k, v, bias, scale, causal, nan_rows))
+    _replace(out_node, operator.getitem, (fused, 0), counts, ctx)
+
+
+def _tail(softmax: torch.fx.Node):
+    """(the node holding the attention's output, the bmm's value operand) after the softmax:
+    converts, then expand → view → bmm(p, v) → view (bmm(p, v) alone for 3-d)."""
+    node = _only_user(softmax)
+    while node is not None and node.target in CONVERTS:
+        node = _only_user(node)
+    if node is not None and node.target is aten.expand.default:
+        view = _only_user(node)
+        node = _only_user(view) if view is not None and view.target in VIEWS else None
+    if node is None or node.target is not aten.bmm.default:
+        return None
+    values = node.args[1]
+    view = _only_user(node)
+    if softmax.meta["val"].dim() == 3:
+        return node, values
+    return (view, values) if view is not None and view.target in VIEWS else None
+
+
+def _head(node, found):
+    """((q operand, kᵀ operand) of the scores' bmm, [(step, captured)]) reading the steps
+    from the softmax's input back to view(bmm(q, kᵀ)); None if it is no attention."""
+    if not isinstance(node, torch.fx.Node) or len(node.users) != 1:
+        return None
+    if node.target is aten.bmm.default:
+        return (node.args[0], node.args[1]), found
+    if node.target in VIEWS and getattr(node.args[0], "target", None) is aten.bmm.default:
+        bmm = node.args[0]
+        return ((bmm.args[0], bmm.args[1]), found) if len(bmm.users) == 1 else None
+    for step, got in match_step(node):
+        head = _head(got["x"], [*found, (step, got)])
+        if head is not None:
+            return head
+    return None
+
+
+def _untransposed(kt: torch.fx.Node) -> torch.fx.Node:
+    """k from kᵀ: the permute's input when kᵀ is k.transpose(-1, -2), else a permute of kᵀ."""
+    rank = kt.meta["val"].dim()
+    swap = [*range(rank - 2), rank - 1, rank - 2]
+    if kt.target is aten.permute.default and list(kt.args[1]) == swap:
+        return kt.args[0]
+    return _insert(kt.next, aten.permute.default, (kt, swap))
+
+
+def _mask(step, got, softmax, q, k):
+    """(additive float bias or None, causal diagonal or None) of a mask step, or None."""
+    m = got["m"]
+    if not isinstance(m, torch.fx.Node):
+        return None
+    if step.kind == "bias":
+        if not m.meta["val"].dtype.is_floating_point:
+            return None
+        causal = _causal(m, "zero", q, k)
+        return (None, causal) if causal is not None else (m, None)
+    fill = _constant(got["fill"])
+    if m.meta["val"].dtype != torch.bool or fill is None:
+        return None
+    if not (fill == -math.inf or fill <= fuse_causal.DROPPED_FILL):
+        return None
+    causal = _causal(m, "true" if step.kind == "keep" else "false", q, k)
+    if causal is not None:
+        return None, causal
+    kept, dropped = (0.0, fill) if step.kind == "keep" else (fill, 0.0)
+    return _insert(softmax, aten.where.Scalar, (m, kept, dropped)), None
+
+
+def _constant(fill) -> float | None:
+    """A fill's value: a number, or a 0-d scalar_tensor / full of one."""
+    if isinstance(fill, (int, float)) and not isinstance(fill, bool):
+        return float(fill)
+    if isinstance(fill, torch.fx.Node) and fill.target is aten.scalar_tensor.default:
+        return float(fill.args[0])
+    if isinstance(fill, torch.fx.Node) and fill.target is aten.full.default and not fill.args[0]:
+        return float(fill.args[1])
+    return None
