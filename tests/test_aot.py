@@ -12,13 +12,16 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from hypothesis import example, given
+from hypothesis import strategies as st
 from torch.utils._pytree import tree_flatten
 from tpu_inductor.passes import pipeline
 
-from tpu_inductor import aot, cli
+from tpu_inductor import aot, cli, runtime
 from tpu_inductor.exc import ArtifactError, InputMismatchError, OptionError
 
 from .helpers import assert_same
+from .strategies import PROPERTY, seeds
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -105,11 +108,8 @@ def test_loaded_artifact_returns_the_model_structure(artifact):
 def test_mismatched_inputs_name_the_input_and_both_specs(artifact):
     loaded = aot.load(artifact)
     ids, x = _example(5).values()
-    with pytest.raises(
-        InputMismatchError,
-        match=r"'ids' expected int64\[2, 3\] or int64\[2, 5\].*got int64\[2, 4\]",
-    ):
-        loaded(ids[:, :4], x)
+    with pytest.raises(InputMismatchError, match=r"'x' expected float32\[2, 16\].*got .*\[3, 16\]"):
+        loaded(ids[:, :4], x[[0, 1, 0]])  # S=4 is served (padded), the batch of x is not
     with pytest.raises(
         InputMismatchError, match=r"'x' expected float32\[2, 16\].*got float64\[2, 16\]"
     ):
@@ -337,3 +337,102 @@ def test_cli_run_names_the_file_it_wrote(artifact, tmp_path, capsys):
     assert cli.main([*args, "--out", str(tmp_path / "out")]) == 0
     assert f"wrote {tmp_path / 'out.npz'}" in capsys.readouterr().out
     assert (tmp_path / "out.npz").is_file()
+
+
+# --- padded buckets (aot_buckets.py): every size up to the largest bucket, exact -------------
+
+
+@PROPERTY
+@given(seq=st.integers(2, 5), pad_with=st.sampled_from(["zeros", "nan"]), seed=seeds())
+@example(seq=4, pad_with="nan", seed=0)  # between the buckets 3 and 5
+def test_a_size_between_buckets_is_padded_to_the_next_and_exact(artifact, seq, pad_with, seed):
+    torch.manual_seed(seed)
+    loaded, before = aot.load(artifact, pad_with=pad_with), runtime.stats["pjrt_compiles"]
+    inputs = _example(seq)
+    with torch.no_grad():
+        expected = make_model()(**inputs)
+    assert_same(loaded(**inputs), expected, atol=1e-5, rtol=1e-4)
+    assert runtime.stats["pjrt_compiles"] == before  # served by a compiled bucket
+    manifest = aot.read_manifest(artifact)
+    assert [e["padded"] for e in manifest["entries"]] == [True, True]
+    assert manifest["padding"]["dims"] == {manifest["padding"]["layout"]["symbols"][0]: "S"}
+
+
+def test_a_size_above_the_largest_bucket_names_the_dim_the_size_and_the_largest(artifact):
+    ids, x = _example(6).values()
+    with pytest.raises(InputMismatchError, match=r"dim 'S' is 6, above its largest bucket S=5"):
+        aot.load(artifact)(ids, x)
+    with pytest.raises(
+        InputMismatchError, match=r"dim 'S' is 1; padded buckets serve sizes from 2"
+    ):
+        aot.load(artifact)(ids[:, :1], x)
+
+
+class _Grid(nn.Module):
+    """Reads across both named dims: a softmax over S, a mean over B, a matmul over S."""
+
+    def forward(self, x, w):
+        return x.softmax(1).mean(0), x @ w, x.amax(0)
+
+
+def test_two_padded_dims_and_a_bucket_of_one_beside_them(tmp_path):
+    specs = [aot.parse_input("x:float32[B,S]"), aot.parse_input("w:float32[S,3]")]
+    aot.compile_model(_Grid(), specs, tmp_path, buckets={"B": (1, 2, 4), "S": (3, 6)})
+    manifest = aot.read_manifest(tmp_path)
+    padded = {tuple(e["sizes"].values()): e["padded"] for e in manifest["entries"]}
+    assert padded == {(1, 3): False, (1, 6): False, (2, 3): True, (2, 6): True, (4, 3): True,
+                      (4, 6): True}  # fmt: skip
+    loaded = aot.load(tmp_path, pad_with="nan")
+    for b, s in ((3, 5), (2, 2), (4, 6), (1, 3)):  # (1, 3): the exact entry
+        x, w = torch.randn(b, s), torch.randn(s, 3)
+        assert_same(loaded(x, w), _Grid()(x, w), atol=1e-5, rtol=1e-4)
+    with pytest.raises(InputMismatchError, match=r"dim 'B' is 1; padded buckets .*B=1,"):
+        loaded(torch.randn(1, 4), torch.randn(4, 3))  # B=1 is compiled at S=3 and 6 only
+
+
+class _Branchy(nn.Module):
+    def forward(self, x):
+        return x * 2 if x.shape[1] > 4 else x  # export keeps no symbolic S
+
+
+def test_a_model_that_export_cannot_keep_symbolic_gets_exact_buckets_and_says_why(tmp_path, capsys):
+    spec = [aot.parse_input("x:float32[2,S]")]
+    aot.compile_model(_Branchy(), spec, tmp_path / "a", buckets={"S": (3, 5)})
+    manifest = aot.read_manifest(tmp_path / "a")
+    assert "torch.export cannot keep ['S'] symbolic" in manifest["padding"]["refused"]
+    assert not any(e.get("padded") for e in manifest["entries"])
+    loaded = aot.load(tmp_path / "a")
+    assert_same(loaded(torch.ones(2, 5)), torch.full((2, 5), 2.0))
+    with pytest.raises(InputMismatchError, match=r"exact sizes only: torch.export cannot keep"):
+        loaded(torch.ones(2, 4))
+    assert cli.main(["inspect", str(tmp_path / "a")]) == 0
+    assert "padding:   none, every bucket serves its exact sizes" in capsys.readouterr().out
+
+
+class _Sorted(nn.Module):
+    def forward(self, x):
+        return torch.sort(x, dim=1).values  # sort has no padding rule
+
+
+def test_a_graph_the_pass_cannot_prove_exact_gets_exact_buckets_with_the_pass_reason(tmp_path):
+    aot.compile_model(_Sorted(), [aot.parse_input("x:float32[2,S]")], tmp_path, buckets={"S": (3,)})
+    manifest = aot.read_manifest(tmp_path)
+    assert "sort" in manifest["padding"]["refused"] and not manifest["entries"][0].get("padded")
+    x = torch.randn(2, 3)
+    assert_same(aot.load(tmp_path)(x), _Sorted()(x))
+
+
+def test_inspect_shows_the_sizes_each_padded_bucket_serves(artifact, capsys):
+    assert cli.main(["inspect", str(artifact)]) == 0
+    text = capsys.readouterr().out
+    assert "{'S': 3}  serves S=2..3" in text and "{'S': 5}  serves S=4..5" in text
+
+
+def test_a_padded_entry_without_a_layout_is_an_artifact_error(artifact, tmp_path):
+    directory = _copy(artifact, tmp_path)
+    _rewrite_manifest(directory, lambda m: m.update(padding=None))
+    with pytest.raises(ArtifactError, match="entries are padded but field 'padding' has no layout"):
+        aot.load(directory)
+    _rewrite_manifest(directory, lambda m: m.update(padding={"layout": {}, "dims": {}}))
+    with pytest.raises(ArtifactError, match="field 'padding' is malformed"):
+        aot.load(directory)

@@ -44,14 +44,14 @@ from typing import Any
 
 import torch
 
-from . import __version__, decompositions, files, runtime, serialize, sharding
+from . import __version__, aot_buckets, decompositions, files, runtime, serialize, sharding
 from .config import Options
 from .exc import ArtifactError, DeviceError, InputMismatchError, OptionError
 from .runtime import device_option_of
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2  # the artifact layout version this module writes and reads
+FORMAT = 3  # the artifact layout version this module writes and reads (3: padded buckets)
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 PLATFORMS = tuple(runtime.LOWERING_PLATFORMS.values())  # what --platform may name
@@ -201,6 +201,7 @@ def _compile_into(model, build: _Build, out: Path, buckets, command, progress):
     (out / "buckets").mkdir()
     combos = [dict(zip(buckets, sizes)) for sizes in itertools.product(*buckets.values())]
     weights: dict[str, torch.Tensor] = {}
+    padding, padded = _padded_graph(model, build, buckets, weights)
     entries, out_spec = [], None
     for number, sizes in enumerate(combos):
         label = " ".join(f"{k}={v}" for k, v in sizes.items()) or "static shapes"
@@ -208,13 +209,68 @@ def _compile_into(model, build: _Build, out: Path, buckets, command, progress):
             progress(label)
         start = time.perf_counter()
         folder = out / "buckets" / str(number)
-        entry, out_spec = _compile_bucket(model, build, sizes, folder, weights, number)
+        if padded is not None and aot_buckets.is_padded(sizes, padded[-1]):
+            entry, out_spec = _compile_padded_bucket(padded, build, sizes, folder, padding)
+        else:
+            entry, out_spec = _compile_bucket(model, build, sizes, folder, weights, number)
         entries.append(entry)
         log.info("tpu-inductor: compiled bucket %s in %.1fs", label, time.perf_counter() - start)
     from safetensors.torch import save_file
 
     save_file({k: v.detach().contiguous().clone() for k, v in weights.items()}, out / WEIGHTS)
-    _write_manifest(out, build, buckets, entries, out_spec, command)
+    _write_manifest(out, build, buckets, entries, out_spec, command, padding)
+
+
+def _padded_graph(model, build: _Build, buckets, weights):
+    """One export with the named dims symbolic, through the passes, for every padded bucket
+    (aot_buckets.py): (the manifest's `padding`, what `_compile_padded_bucket` needs, or None
+    where the buckets compile at their exact sizes)."""
+    from . import compile_fx
+    from .passes.bucket_shapes import BucketLayout, Refusal
+
+    padded = aot_buckets.padded_sizes(buckets)
+    if not buckets:
+        return None, None
+    if build.plan is not None or not padded:
+        why = "the artifact is split over a mesh" if build.plan else "no bucket of 2 or more"
+        return {"refused": why}, None
+    largest = {name: max(v) for name, v in padded.items()}
+    examples = tuple(torch.zeros(s.concrete(largest), dtype=s.dtype) for s in build.inputs)
+    try:
+        program = _export(model, examples, aot_buckets.dynamic_shapes(build.inputs, padded))
+    except Exception as e:  # torch.export's many ways to say a size cannot stay symbolic
+        reason = f"torch.export cannot keep {sorted(padded)} symbolic: {type(e).__name__}: {e}"
+        log.warning("tpu-inductor: buckets compiled at their exact sizes: %.300s", reason)
+        return {"refused": reason[:2000]}, None
+    graph_inputs, flat = _graph_inputs(program, build, examples, weights)
+    shapes = dataclasses.replace(build.options.shapes, policy="pow2")  # any policy but exact
+    options = dataclasses.replace(build.options, shapes=shapes)
+    symbolic = [n.meta["val"] for n in program.graph_module.graph.find_nodes(op="placeholder")]
+    passed = compile_fx.artifact_passes(
+        program.graph_module, symbolic, options, name="artifact_padded", platform=build.platform
+    )
+    layout = passed[0].meta.get("bucketing")
+    if not isinstance(layout, BucketLayout):
+        reason = layout.reason if isinstance(layout, Refusal) else "no symbolic size was left"
+        log.warning("tpu-inductor: buckets compiled at their exact sizes: %s", reason)
+        return {"refused": reason}, None
+    padding = aot_buckets.describe(layout, graph_inputs, build.inputs)
+    out_spec = _out_spec(program)
+    return padding, (passed, options, graph_inputs, flat, out_spec, padded)
+
+
+def _compile_padded_bucket(padded, build: _Build, sizes, folder: Path, padding):
+    from . import compile_fx
+
+    passed, options, graph_inputs, flat, out_spec, _ = padded
+    examples = {s.name: torch.zeros(s.concrete(sizes), dtype=s.dtype) for s in build.inputs}
+    values = [examples[g["input"]] if "input" in g else v for g, v in zip(graph_inputs, flat)]
+    values += aot_buckets.true_size_inputs(padding, sizes)
+    lowered, executable = compile_fx.compile_artifact_bucket(
+        passed, values, options, device=build.device
+    )
+    entry = _write_bucket(folder, build, sizes, graph_inputs, lowered, executable)
+    return {**entry, "padded": True}, out_spec
 
 
 def _check_inputs(model: torch.nn.Module, inputs: Sequence[InputSpec]) -> None:
@@ -282,36 +338,11 @@ def _device_here(platform: str, plan: sharding.Plan | None) -> runtime.Device | 
 
 
 def _compile_bucket(model, build: _Build, sizes, directory: Path, weights, number: int):
-    from torch.export.graph_signature import InputKind, OutputKind
-    from torch.utils._pytree import treespec_dumps
-
     from . import compile_fx
 
     examples = tuple(torch.zeros(s.concrete(sizes), dtype=s.dtype) for s in build.inputs)
-    with decompositions.tracing(), warnings.catch_warnings():
-        # torch 2.13's run_decompositions deep-copies pytree specs, which warns about its own
-        # deprecated LeafSpec check: noise in the progress bar that a user cannot act on.
-        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)`")
-        program = torch.export.export(model, examples, strict=False)
-        program = program.run_decompositions(dict(decompositions.table()))
-    signature = program.graph_signature
-    odd = [o for o in signature.output_specs if o.kind is not OutputKind.USER_OUTPUT]
-    if odd:
-        raise ArtifactError(
-            f"tpu-inductor: the model mutates {[o.target for o in odd]} when called; an "
-            "artifact cannot carry state. Compile a model without in-place buffer updates."
-        )
-    graph_inputs, flat, user = [], [], iter(zip(build.inputs, examples))
-    state = {**program.state_dict, **program.constants}
-    for spec in signature.input_specs:
-        if spec.kind is InputKind.USER_INPUT:
-            named, example = next(user)
-            graph_inputs.append({"input": named.name})
-            flat.append(example)
-        else:
-            weights[spec.target] = state[spec.target]
-            graph_inputs.append({"weight": spec.target})
-            flat.append(state[spec.target])
+    program = _export(model, examples)
+    graph_inputs, flat = _graph_inputs(program, build, examples, weights)
     lowered, executable = compile_fx.compile_artifact_graph(
         program.graph_module,
         flat,
@@ -321,6 +352,56 @@ def _compile_bucket(model, build: _Build, sizes, directory: Path, weights, numbe
         device=build.device,
         mesh=_mesh_split(build, sizes, graph_inputs),
     )
+    entry = _write_bucket(directory, build, sizes, graph_inputs, lowered, executable)
+    return entry, _out_spec(program)
+
+
+def _export(model, examples, dynamic_shapes=None) -> torch.export.ExportedProgram:
+    """`model` exported at `examples` (core ATen); a model that mutates state is refused."""
+    from torch.export.graph_signature import OutputKind
+
+    with decompositions.tracing(), warnings.catch_warnings():
+        # torch 2.13's run_decompositions deep-copies pytree specs, which warns about its own
+        # deprecated LeafSpec check: noise in the progress bar that a user cannot act on.
+        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)`")
+        program = torch.export.export(model, examples, dynamic_shapes=dynamic_shapes, strict=False)
+        program = program.run_decompositions(dict(decompositions.table()))
+    odd = [o for o in program.graph_signature.output_specs if o.kind is not OutputKind.USER_OUTPUT]
+    if odd:
+        raise ArtifactError(
+            f"tpu-inductor: the model mutates {[o.target for o in odd]} when called; an "
+            "artifact cannot carry state. Compile a model without in-place buffer updates."
+        )
+    return program
+
+
+def _graph_inputs(program, build: _Build, examples, weights) -> tuple[list, list]:
+    """(the manifest's graph inputs: each a model input or a weight by name, the values in
+    that order); the weights are added to `weights`."""
+    from torch.export.graph_signature import InputKind
+
+    graph_inputs, flat, user = [], [], iter(zip(build.inputs, examples))
+    state = {**program.state_dict, **program.constants}
+    for spec in program.graph_signature.input_specs:
+        if spec.kind is InputKind.USER_INPUT:
+            named, example = next(user)
+            graph_inputs.append({"input": named.name})
+            flat.append(example)
+        else:
+            weights[spec.target] = state[spec.target]
+            graph_inputs.append({"weight": spec.target})
+            flat.append(state[spec.target])
+    return graph_inputs, flat
+
+
+def _out_spec(program) -> str:
+    from torch.utils._pytree import treespec_dumps
+
+    return treespec_dumps(program.call_spec.out_spec)
+
+
+def _write_bucket(directory: Path, build: _Build, sizes, graph_inputs, lowered, executable):
+    """A bucket's files and its manifest entry."""
     directory.mkdir(parents=True, exist_ok=True)
     files = {
         "module.mlir": lowered.text.encode(),
@@ -330,13 +411,13 @@ def _compile_bucket(model, build: _Build, sizes, directory: Path, weights, numbe
         files["executable.bin"] = runtime.serialize_executable(executable, build.device)
     for name, data in files.items():
         (directory / name).write_bytes(data)
-    entry = {
+    return {
         "sizes": sizes,
         "graph_inputs": graph_inputs,
         "lowered": serialize.lowered_to_json(lowered),
         "executable": _executable_tag(build.device) if executable is not None else None,
+        "padded": False,
     }
-    return entry, treespec_dumps(program.call_spec.out_spec)
 
 
 def _mesh_split(build: _Build, sizes, graph_inputs):
@@ -374,7 +455,7 @@ def _executable_tag(device: runtime.Device) -> dict[str, str]:
     return tag
 
 
-def _write_manifest(out, build: _Build, buckets, entries, out_spec, command) -> None:
+def _write_manifest(out, build: _Build, buckets, entries, out_spec, command, padding) -> None:
     import jax
 
     files = sorted(p for p in out.rglob("*") if p.is_file() and p.name != MANIFEST)
@@ -393,6 +474,7 @@ def _write_manifest(out, build: _Build, buckets, entries, out_spec, command) -> 
             for s in build.inputs
         ],
         "buckets": {k: list(v) for k, v in buckets.items()},
+        "padding": padding,
         "entries": entries,
         "out_spec": out_spec,
         "files": {str(p.relative_to(out)): _file_sha256(p) for p in files},
@@ -416,7 +498,7 @@ def _file_sha256(path: Path) -> str:
 class Artifact:
     """A loaded artifact: call it with the model's inputs (positional or by name)."""
 
-    def __init__(self, directory: Path, manifest: dict, device: runtime.Device):
+    def __init__(self, directory: Path, manifest: dict, device: runtime.Device, pad_with="zeros"):
         self.directory = directory
         self.manifest = manifest
         self.device = device
@@ -441,19 +523,25 @@ class Artifact:
         from torch.utils._pytree import treespec_loads
 
         self._out_spec = treespec_loads(manifest["out_spec"])
+        self._selector = aot_buckets.Selector(self.inputs, manifest, directory)
+        self.pad_with = pad_with  # what fills the padding of padded buckets ("zeros", "nan")
 
     def __call__(self, *args: torch.Tensor, **kwargs: torch.Tensor):
         values = self._bind(args, kwargs)
-        number = self._bucket_of(values)
+        number = self._selector.entry_of(values)
         entry = self.manifest["entries"][number]
         flat = [
             self.weights[g["weight"]] if "weight" in g else values[g["input"]]
             for g in entry["graph_inputs"]
         ]
         compiled = self._compiled.get(number) or self._load_bucket(number)
+        if entry.get("padded"):
+            outs = self._selector.run(compiled, flat, entry["sizes"], self.pad_with)
+        else:
+            outs = compiled(flat)
         from torch.utils._pytree import tree_unflatten
 
-        return tree_unflatten(compiled(flat), self._out_spec)
+        return tree_unflatten(outs, self._out_spec)
 
     def _bind(self, args, kwargs) -> dict[str, torch.Tensor]:
         names = [s.name for s in self.inputs]
@@ -473,53 +561,6 @@ class Artifact:
         if absent:
             raise InputMismatchError(f"tpu_inductor: missing inputs {absent} (expects {names}).")
         return values
-
-    def _bucket_of(self, values: dict[str, torch.Tensor]) -> int:
-        entries = self.manifest["entries"]
-        for number, entry in enumerate(entries):
-            if all(_matches(values[s.name], s, entry["sizes"]) for s in self.inputs):
-                return number
-        spec = next((s for s in self.inputs if not _fits_any(values[s.name], s, entries)), None)
-        if spec is None:  # each input fits some bucket, but not the same one
-            raise InputMismatchError(self._disagreement(values))
-        got = values[spec.name]
-        actual = (
-            f"{serialize.dtype_name(got.dtype)}{list(got.shape)}"
-            if isinstance(got, torch.Tensor)
-            else type(got).__name__
-        )
-        expected = " or ".join(
-            dict.fromkeys(
-                f"{serialize.dtype_name(spec.dtype)}{list(spec.concrete(e['sizes']))}"
-                for e in entries
-            )
-        )
-        raise InputMismatchError(
-            f"tpu_inductor: input {spec.name!r} expected {expected} (spec {spec}), got {actual}. "
-            "Pass a matching tensor, or recompile with the shapes you need (--bucket)."
-        )
-
-    def _disagreement(self, values: dict[str, torch.Tensor]) -> str:
-        """Which inputs give a bucket dim different sizes (each fits some bucket, none fits all)."""
-        seen: dict[str, dict[str, int]] = {}
-        for spec in self.inputs:
-            for dim, size in zip(spec.shape, values[spec.name].shape):
-                if isinstance(dim, str):
-                    seen.setdefault(dim, {})[spec.name] = size
-        buckets = " ".join(
-            f"{k}={','.join(map(str, v))}" for k, v in self.manifest["buckets"].items()
-        )
-        for dim, sizes in seen.items():
-            if len(set(sizes.values())) > 1:
-                has = ", ".join(f"{name!r} has {dim}={size}" for name, size in sizes.items())
-                return (
-                    f"tpu_inductor: inputs disagree on dim {dim!r}: {has}. Inputs that share a "
-                    f"dim must have the same size in it (compiled buckets: {buckets})."
-                )
-        return (
-            f"tpu_inductor: no compiled bucket fits these inputs together (sizes {seen}; compiled "
-            f"buckets: {buckets}); recompile with the combination you need (--bucket)."
-        )
 
     def _load_bucket(self, number: int) -> runtime.CompiledGraph:
         entry = self.manifest["entries"][number]
@@ -547,18 +588,6 @@ class Artifact:
         compiled = runtime.CompiledGraph(executable, lowered, self.device, static)
         self._compiled[number] = compiled
         return compiled
-
-
-def _matches(value, spec: InputSpec, sizes: dict[str, int]) -> bool:
-    return (
-        isinstance(value, torch.Tensor)
-        and value.dtype == spec.dtype
-        and tuple(value.shape) == spec.concrete(sizes)
-    )
-
-
-def _fits_any(value, spec: InputSpec, entries) -> bool:
-    return any(_matches(value, spec, e["sizes"]) for e in entries)
 
 
 def _from_portable(folder: Path) -> bytes:
@@ -592,8 +621,9 @@ def _guarded(path: Path, read: Callable[[], Any]):
         ) from e
 
 
-def load(directory: str | Path, device: str = "auto") -> Artifact:
-    """Load an artifact directory; every file's checksum is verified first."""
+def load(directory: str | Path, device: str = "auto", *, pad_with: str = "zeros") -> Artifact:
+    """Load an artifact directory; every file's checksum is verified first. `pad_with`: what
+    fills the padding of a padded bucket ("nan" shows that none of it reaches a result)."""
     directory = Path(directory)
     manifest = read_manifest(directory)
     for name, digest in manifest["files"].items():
@@ -613,7 +643,7 @@ def load(directory: str | Path, device: str = "auto") -> Artifact:
             f"runs on {here.lowering_platform!r}. Run it on a {manifest['platform']} host or "
             f"rebuild it with --platform {here.lowering_platform}."
         )
-    return _guarded(directory / MANIFEST, lambda: Artifact(directory, manifest, here))
+    return _guarded(directory / MANIFEST, lambda: Artifact(directory, manifest, here, pad_with))
 
 
 def _mesh_here(device: runtime.Device, mesh: list) -> runtime.Device:
@@ -737,4 +767,6 @@ def _manifest_problem(manifest: dict) -> str | None:
             return f"{where}.lowered.shardings is {split!r:.60}, not over the mesh {mesh!r:.60}"
         if "executable" not in entry or not isinstance(entry["executable"], (dict, type(None))):
             return f"{where}.executable is missing or {entry.get('executable')!r:.60}"
-    return None
+        if entry.get("padded", False) not in (True, False):
+            return f"{where}.padded is {entry['padded']!r:.60}, expected true or false"
+    return aot_buckets.padding_problem(manifest)

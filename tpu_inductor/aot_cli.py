@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from . import aot, sharding
+from . import aot, aot_buckets, sharding
 from .exc import OptionError
 from .progress import progress_bar
 from .serialize import dtype_name
@@ -101,10 +101,14 @@ def _cli_inspect(args) -> int:
     print("versions:  " + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items()))
     for spec in manifest["inputs"]:
         print(f"input:     {spec['name']}: {spec['dtype']}{spec['shape']}")
+    padding = manifest.get("padding") or {}
+    if "refused" in padding:
+        print(f"padding:   none, every bucket serves its exact sizes: {padding['refused']}")
     for number, entry in enumerate(manifest["entries"]):
         outs = ", ".join(f"{s['dtype']}{s['shape']}" for s in entry["lowered"]["output_specs"])
         exe = "executable" if entry["executable"] else "StableHLO only"
-        print(f"bucket {number}:  {entry['sizes'] or 'static'} → {outs}  ({exe})")
+        serves = f"  serves {_served(manifest, entry)}" if entry.get("padded") else ""
+        print(f"bucket {number}:  {entry['sizes'] or 'static'}{serves} → {outs}  ({exe})")
     present = [directory / n for n in manifest["files"] if (directory / n).is_file()]
     total = sum(p.stat().st_size for p in present)
     missing = len(manifest["files"]) - len(present)
@@ -113,3 +117,12 @@ def _cli_inspect(args) -> int:
         + (f" ({missing} missing: the artifact is damaged)" if missing else "")
     )
     return 0
+
+
+def _served(manifest: dict, entry: dict) -> str:
+    """The sizes a padded bucket serves, per dim: from above the next smaller bucket to its own."""
+    ranges = []
+    for dim, size in entry["sizes"].items():
+        below = [b for b in manifest["buckets"][dim] if aot_buckets.SMALLEST <= b < size]
+        ranges.append(f"{dim}={max(below) + 1 if below else aot_buckets.SMALLEST}..{size}")
+    return " ".join(ranges)

@@ -87,21 +87,36 @@ def compile_artifact_graph(
 
     `mesh`: (mesh axes, a partition spec per tensor argument) to split the module over.
     """
-    shardings = None if mesh is None else lowering.Shardings(*mesh)
+    passed = artifact_passes(gm, inputs, options, name=name, platform=platform)
+    return compile_artifact_bucket(passed, inputs, options, device=device, mesh=mesh)
+
+
+def artifact_passes(gm, inputs, options: Options, *, name: str, platform: str) -> tuple:
+    """Stages 1-2 of an artifact's graph (`inputs` may be symbolic: one pass for every bucket):
+    (the graph after the passes, its observer, the platform), for `compile_artifact_bucket`."""
     observer = debug.GraphObserver(name, options)
     observer.graph("aten_export", gm)
     gm = _passes(gm, inputs, options, platform, observer)
     missing = partition.missing(gm, options, platform)
     if missing:
-        record = observer.record(dispatch.input_signature(inputs))
+        record = observer.record(_concrete_signature(inputs) or ())
         record.run("partition", lambda: partition.report_missing(missing, options))
+    return gm, observer, platform
+
+
+def compile_artifact_bucket(passed: tuple, inputs, options: Options, *, device, mesh=None):
+    """Stages 3-5 of an `artifact_passes` graph at concrete `inputs` (its value-only inputs,
+    a bucketed graph's true sizes, given as 0-d tensors): (lowered module, executable or None)."""
+    gm, observer, platform = passed
+    shardings = None if mesh is None else lowering.Shardings(*mesh)
+    scalars = shapes.value_only_inputs(gm)
     specializer = _Specializer(gm, options, device, (), observer, platform, shardings)
     if device is None:
         record = observer.record(dispatch.input_signature(inputs), specializer.fingerprint)
-        lowered = specializer.lower(inputs, frozenset(), record)
+        lowered = specializer.lower(inputs, scalars, record)
         debug.finish(record)
         return lowered, None
-    compiled = specializer(inputs)
+    compiled = specializer(inputs, scalars)
     return compiled.lowered, compiled.executable
 
 
