@@ -35,7 +35,15 @@ from tpu_inductor.attention_op import ops as ours
 
 from . import fuse_causal
 from .context import PassContext
-from .fuse_patterns import CONVERTS, SOFTMAX, VIEWS, match_step, matmul_operand, repeated_heads
+from .fuse_patterns import (
+    AFTER_SOFTMAX,
+    SOFTMAX,
+    VIEWS,
+    match_step,
+    matmul_operand,
+    repeated_heads,
+    safe_softmax_guard,
+)
 
 aten = torch.ops.aten
 _FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -88,12 +96,7 @@ def _sdpa(node: torch.fx.Node, ctx: PassContext) -> None:
         ctx.rewrites["skipped_dropout"] += 1
         return
     q, k, v = kw["query"], kw["key"], kw["value"]
-    scale = kw.get("scale")
-    head_dim = q.meta["val"].shape[-1]
-    if scale is None:
-        if not isinstance(head_dim, int):
-            return
-        scale = 1 / math.sqrt(head_dim)
+    scale = kw.get("scale")  # None: 1/sqrt(D), as for SDPA
     mask, causal = kw.get("attn_mask"), 0 if kw.get("is_causal") else None
     counts = ["sdpa_backward" if node.target is _FLASH_BACKWARD else "sdpa_forward"]
     if mask is not None and causal is None:
@@ -141,13 +144,16 @@ def _written_out(softmax: torch.fx.Node, ctx: PassContext) -> None:
     dim = softmax.args[1]
     if rank < 3 or dim not in (-1, rank - 1) or (len(softmax.args) > 2 and softmax.args[2]):
         return
-    tail = _tail(softmax)
-    head = _head(softmax.args[0], [])
+    scores = softmax.args[0]
+    guard = _safe_guard(softmax, scores)
+    safe = SOFTMAX[softmax.target] or guard is not None
+    tail = _tail(guard or softmax, rank)
+    head = _head(scores, [], users=2 if guard is not None else 1)
     if tail is None or head is None:
         return
     out_node, v3 = tail
     (q3, kt3), found = head
-    q, kt, v = matmul_operand(q3), matmul_operand(kt3), matmul_operand(v3)
+    q, kt, v = (matmul_operand(t, rank) for t in (q3, kt3, v3))
     if q is None or kt is None or v is None:
         return
     if out_node.meta["val"].dtype != q.meta["val"].dtype or out_node.meta["val"].dim() != rank:
@@ -172,16 +178,33 @@ def _written_out(softmax: torch.fx.Node, ctx: PassContext) -> None:
         counts += ["causal_mask"] * (causal is not None)
     k, v, folded = _fold_gqa(q, k, v)
     counts += ["gqa_folded"] * folded
-    nan_rows = bias is not None and not SOFTMAX[softmax.target]
+    nan_rows = bias is not None and not safe
     fused = _insert(out_node, ours.attention.default, (q, k, v, bias, scale, causal, nan_rows))
     _replace(out_node, operator.getitem, (fused, 0), counts, ctx)
 
 
-def _tail(softmax: torch.fx.Node):
+def _safe_guard(softmax: torch.fx.Node, scores) -> torch.fx.Node | None:
+    """The where() that zeroes the softmax's all -inf rows (a decomposed `_safe_softmax`)."""
+    from torch._inductor.pattern_matcher import is_match
+
+    for user in softmax.users:
+        m = safe_softmax_guard().match(user) if user.target is aten.where.self else None
+        if m is not None and is_match(m):
+            got = m.kwargs
+            if (
+                got["softmax"] is softmax
+                and got["x"] is scores
+                and got["dim"] in (-1, len(softmax.meta["val"].shape) - 1)
+            ):
+                return user if len(softmax.users) == 2 else None
+    return None
+
+
+def _tail(start: torch.fx.Node, rank: int):
     """(the node holding the attention's output, the bmm's value operand) after the softmax:
     converts, then expand → view → bmm(p, v) → view (bmm(p, v) alone for 3-d)."""
-    node = _only_user(softmax)
-    while node is not None and node.target in CONVERTS:
+    node = _only_user(start)
+    while node is not None and node.target in AFTER_SOFTMAX:
         node = _only_user(node)
     if node is not None and node.target is aten.expand.default:
         view = _only_user(node)
@@ -190,15 +213,15 @@ def _tail(softmax: torch.fx.Node):
         return None
     values = node.args[1]
     view = _only_user(node)
-    if softmax.meta["val"].dim() == 3:
+    if rank == 3:
         return node, values
     return (view, values) if view is not None and view.target in VIEWS else None
 
 
-def _head(node, found):
+def _head(node, found, users=1):
     """((q operand, kᵀ operand) of the scores' bmm, [(step, captured)]) reading the steps
     from the softmax's input back to view(bmm(q, kᵀ)); None if it is no attention."""
-    if not isinstance(node, torch.fx.Node) or len(node.users) != 1:
+    if not isinstance(node, torch.fx.Node) or len(node.users) != users:
         return None
     if node.target is aten.bmm.default:
         return (node.args[0], node.args[1]), found

@@ -11,6 +11,9 @@ the scores `q·kᵀ` and the softmax, matched by its pattern; `x` is the way on 
                                       -> bool mask (fill -inf, or a finite one no score reaches)
     s.to(dtype)                       -> nothing (the op computes in float32)
 
+After the softmax: converts, a clone (dropout in eval), and `_safe_softmax`'s zeroing of rows
+that are all -inf as core ATen decomposes it (`safe_softmax_guard`).
+
 Operands of the two batched matmuls, `view(expand(t))` or `view(clone(expand(t)))` of the 4-d
 tensor t, are read back to t; K/V repeated for grouped-query attention
 (`view(clone(expand(unsqueeze(t, 2))))`, HF's repeat_kv) are read back to their own heads.
@@ -19,6 +22,7 @@ tensor t, are read back to t; K/V repeated for grouped-query attention
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, NamedTuple
 
 import torch
@@ -29,6 +33,7 @@ prims = torch.ops.prims
 SOFTMAX = {aten._softmax.default: False, aten._safe_softmax.default: True}  # → safe
 VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 CONVERTS = (aten._to_copy.default, prims.convert_element_type.default)
+AFTER_SOFTMAX = (*CONVERTS, aten.clone.default)  # converts, dropout in eval (a clone)
 
 
 class Step(NamedTuple):
@@ -60,6 +65,21 @@ def steps() -> tuple[Step, ...]:
     )
 
 
+@functools.cache
+def safe_softmax_guard():
+    """`_safe_softmax(x)` as core ATen decomposes it: rows of x that are all -inf → 0.
+
+    where(~any(~(x == -inf), -1, keepdim), full_like(softmax(x), 0), softmax(x))
+    """
+    from torch._inductor.pattern_matcher import CallFunction, KeywordArg
+
+    x, softmax, dim = KeywordArg("x"), KeywordArg("softmax"), KeywordArg("dim")
+    finite = CallFunction(aten.logical_not.default, CallFunction(aten.eq.Scalar, x, -math.inf))
+    empty = CallFunction(aten.logical_not.default, CallFunction(aten.any.dim, finite, dim, True))
+    zeros = CallFunction(aten.full_like.default, softmax, 0)
+    return CallFunction(aten.where.self, empty, zeros, softmax)
+
+
 def match_step(node: torch.fx.Node):
     """Every (step, captured values) of the table that `node` matches."""
     from torch._inductor.pattern_matcher import is_match
@@ -76,20 +96,17 @@ def _call(node: Any, targets) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in targets
 
 
-def matmul_operand(node: torch.fx.Node) -> torch.fx.Node | None:
-    """The 4-d (or 3-d) tensor a bmm operand was made from: view(expand(t)),
-    view(clone(expand(t))), or the operand itself when it is already 3-d and not a view."""
-    if not _call(node, VIEWS):
-        return node if node.meta["val"].dim() == 3 else None
-    inner = node.args[0]
+def matmul_operand(node: torch.fx.Node, rank: int) -> torch.fx.Node | None:
+    """The rank-`rank` tensor a bmm operand was made from: t of view(expand(t)) or
+    view(clone(expand(t))) (what matmul makes of a 4-d operand), the operand itself for 3-d."""
+    inner = node.args[0] if _call(node, VIEWS) else None
     if _call(inner, (aten.clone.default,)):
         inner = inner.args[0]
-    if not _call(inner, (aten.expand.default,)):
-        return None
-    t = inner.args[0]
-    if not same(t.meta["val"].shape, inner.meta["val"].shape):
-        return None  # a broadcast (MQA by expand) is read by `repeated_heads`, not here
-    return t
+    if _call(inner, (aten.expand.default,)):
+        t = inner.args[0]
+        if t.meta["val"].dim() == rank and same(t.meta["val"].shape, inner.meta["val"].shape):
+            return t
+    return node if rank == 3 else None
 
 
 def broadcast_heads(t: torch.fx.Node, full_shape) -> torch.fx.Node | None:

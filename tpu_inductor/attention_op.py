@@ -9,7 +9,8 @@ Hkv (grouped-query attention: query heads h*g .. h*g+g-1 read key/value head h, 
 heads are never built). `mask` (None, bool: True keeps a key, or float: added to the scores)
 broadcasts to [..., H, L, S]. `causal_diagonal` d keeps key j for query i when j <= i + d
 (0: torch's is_causal; S - L: a decode step's queries at the end of the keys). Scores are
-`scale * q·kᵀ`, softmax in float32 (float64 inputs: float64); `lse` (that dtype, [..., H, L]) is the logsumexp over keys.
+`scale * q·kᵀ` (scale None: 1/sqrt(D)), softmax in float32 (float64 inputs: float64); `lse`
+(that dtype, [..., H, L]) is the logsumexp over keys.
 A row whose every key is masked out gives 0 and lse 0 (torch's SDPA kernels and
 `_safe_softmax`), or NaN with `empty_rows_nan` (a written-out `softmax` over such a row).
 
@@ -19,6 +20,8 @@ for q, k and v; a mask that needs a gradient is refused with a clear error.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -38,8 +41,12 @@ def _keys_for(q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return _acc(t.repeat_interleave(groups, dim=-3) if groups > 1 else t)
 
 
+def _scale(q: torch.Tensor, scale: float | None) -> float:
+    return 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+
+
 def _scores(q, k, mask, scale, causal_diagonal):
-    scores = torch.matmul(_acc(q), _keys_for(q, k).transpose(-1, -2)) * scale
+    scores = torch.matmul(_acc(q), _keys_for(q, k).transpose(-1, -2)) * _scale(q, scale)
     if causal_diagonal is not None:
         length, count = scores.shape[-2:]
         keep = torch.ones(length, count, dtype=torch.bool, device=q.device)
@@ -57,7 +64,7 @@ def attention(
     k: torch.Tensor,
     v: torch.Tensor,
     mask: torch.Tensor | None,
-    scale: float,
+    scale: float | None,
     causal_diagonal: int | None = None,
     empty_rows_nan: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,13 +92,13 @@ def attention_backward(
     out: torch.Tensor,
     lse: torch.Tensor,
     mask: torch.Tensor | None,
-    scale: float,
+    scale: float | None,
     causal_diagonal: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     weights = torch.exp(_scores(q, k, mask, scale, causal_diagonal) - lse[..., None])
     g = _acc(grad)
     d_weights = torch.matmul(g, _keys_for(q, v).transpose(-1, -2))
-    d_scores = weights * (d_weights - (g * _acc(out)).sum(-1, keepdim=True)) * scale
+    d_scores = weights * (d_weights - (g * _acc(out)).sum(-1, keepdim=True)) * _scale(q, scale)
     dq = torch.matmul(d_scores, _keys_for(q, k))
     dk = torch.matmul(d_scores.transpose(-1, -2), _acc(q))
     dv = torch.matmul(weights.transpose(-1, -2), g)
