@@ -124,13 +124,16 @@ def lower(
     x64: str = "keep",
     scalar_inputs: frozenset[int] = frozenset(),
     shardings: Shardings | None = None,
+    separate_outputs: frozenset[int] = frozenset(),
 ) -> LoweredModule:
     """Lower `gm`, a graph whose sizes are concrete (the shape pass made them so), for `inputs`
     (tensors or fake tensors, and ints) on `platform`.
 
     `scalar_inputs`: positions of integer inputs given as 0-d int64 tensors, module arguments
     (the shape pass finds them: `passes.shapes.value_only_integer_inputs`). `shardings`: split
-    the tensor inputs over a device mesh (None: one device).
+    the tensor inputs over a device mesh (None: one device). `separate_outputs`: graph outputs
+    that get a module result of their own even where they view another output (activations
+    saved for the backward, which stay on the device: no write can show through them).
     """
     import jax
 
@@ -140,7 +143,7 @@ def lower(
     runner = GraphRunner(gm, x64=x64, platform=platform)
     tensor_inputs, specs = tensor_input_specs(inputs)
     passed_through = _passed_through_inputs(gm, tensor_inputs)
-    views, bases = _aliased_outputs(gm, passed_through)
+    views, bases = _aliased_outputs(gm, passed_through, separate_outputs)
     structure: dict[str, Any] = {}
 
     def fn(*args):
@@ -259,14 +262,16 @@ class _InputBase:
     position: int  # the graph input whose storage an output views
 
 
-def _aliased_outputs(gm, passed_through) -> tuple[dict[int, tuple], list[torch.fx.Node]]:
+def _aliased_outputs(
+    gm, passed_through, separate: frozenset[int] = frozenset()
+) -> tuple[dict[int, tuple], list[torch.fx.Node]]:
     """Graph outputs that share a storage (views of one another, of one intermediate, or of an
     input), as eager returns `y, y[0]`, `y[:3], y[1:]` or `x[i]`: output number → (its base: an
     output number, a node or an `_InputBase`; size, stride, storage offset, dtype if not the
     base's); and the base nodes that are not outputs (extra module results). The module computes
     each base once and the outputs are viewed from it at run time, so that a write through one
     shows through the others. (AOTAutograd rebuilds its views of inputs from the strides and
-    offset of ours: a copy would put them at offset 0.)"""
+    offset of ours: a copy would put them at offset 0.) Outputs in `separate` are left out."""
     from torch.multiprocessing.reductions import StorageWeakRef
 
     def storage(val):
@@ -280,7 +285,11 @@ def _aliased_outputs(gm, passed_through) -> tuple[dict[int, tuple], list[torch.f
     vals = [n.meta.get("val") if isinstance(n, torch.fx.Node) else None for n in outputs]
     groups: dict[Any, list[int]] = {}
     for index, val in enumerate(vals):
-        if isinstance(val, torch.Tensor) and passed_through[index] is None:
+        if (
+            isinstance(val, torch.Tensor)
+            and passed_through[index] is None
+            and index not in separate
+        ):
             groups.setdefault(storage(val), []).append(index)
     nodes = [n for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]

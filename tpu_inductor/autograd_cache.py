@@ -49,11 +49,18 @@ _skip_codegen_registration: contextvars.ContextVar[bool] = contextvars.ContextVa
 class CachedGraph(OutputCode):
     """A compiled graph as AOTAutograd's cache sees it: an OutputCode that pickles to its key."""
 
-    def __init__(self, compiled: Callable[[list], list], kind: str, static_inputs: Sequence[int]):
+    def __init__(
+        self,
+        compiled: Callable[[list], list],
+        kind: str,
+        static_inputs: Sequence[int],
+        roles=None,
+    ):
         self._boxed_call = True
         self.compiled: Callable[[list], list] | None = compiled
         self.kind = kind
         self.static_inputs = tuple(static_inputs)
+        self.roles = roles  # compile_fx.compile_graph's
         self.graph_key = getattr(compiled, "graph_key", None)  # None: not storable
 
     def __call__(self, args: list) -> list:
@@ -81,7 +88,7 @@ class CachedGraph(OutputCode):
                 "backend call (no options to load it under); AOTAutograd compiles it instead"
             )
         compiled = compile_fx.load_cached(
-            self.kind, self.graph_key, self.static_inputs, example_inputs, options
+            self.kind, self.graph_key, self.static_inputs, example_inputs, options, self.roles
         )
         if compiled is None:  # AOTAutograd then counts a bypass and compiles
             raise CacheError(

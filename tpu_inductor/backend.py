@@ -47,9 +47,12 @@ def tpu_inductor(
     def compiler(kind: str):
         def compile_one(fx_graph, inputs):
             static = _static_input_indices() if kind != "backward" else ()
-            compiled = compile_graph(fx_graph, inputs, opts, static_inputs=static, kind=kind)
+            roles = _roles(kind, fx_graph)
+            compiled = compile_graph(
+                fx_graph, inputs, opts, static_inputs=static, kind=kind, roles=roles
+            )
             return (
-                autograd_cache.CachedGraph(compiled, kind, static)
+                autograd_cache.CachedGraph(compiled, kind, static, roles)
                 if use_autograd_cache
                 else compiled
             )
@@ -106,3 +109,28 @@ def _static_input_indices() -> tuple[int, ...]:
     context = TracingContext.try_get()
     metadata = getattr(context, "fw_metadata", None) if context else None
     return tuple(getattr(metadata, "static_input_indices", None) or ())
+
+
+def _roles(kind: str, gm: torch.fx.GraphModule):
+    """What AOTAutograd's calling convention makes of a graph's inputs and outputs: the
+    activations the forward saves for the backward (a forward's outputs past its returns, its
+    slice of them, tensors; a backward's inputs that are not gradients of outputs,
+    `tangents_*`), and the mutated inputs whose version its wrapper bumps after the call."""
+    from .runtime import GraphRoles
+
+    if kind == "backward":
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        inputs = tuple(i for i, n in enumerate(placeholders) if not n.name.startswith("tangents"))
+        return GraphRoles(saved_inputs=inputs)
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None) if context else None
+    if metadata is None:
+        return GraphRoles()
+    bumped = tuple(metadata.mutated_graph_handled_indices_seen_by_autograd)
+    if kind != "forward" or metadata.num_symints_saved_for_bw is None:
+        return GraphRoles(bumped_inputs=bumped)
+    outputs = len(gm.graph.output_node().args[0])
+    saved = metadata.tensors_saved_for_backwards_slice.indices(outputs)
+    return GraphRoles(saved_outputs=tuple(range(*saved)), bumped_inputs=bumped)

@@ -17,6 +17,7 @@ whose `run(stage, fn)` times stages 3-5 and dumps what they made.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Callable, Sequence
@@ -41,10 +42,13 @@ def compile_graph(
     *,
     static_inputs: Sequence[int] = (),
     kind: str = "graph",
+    roles: runtime.GraphRoles | None = None,
 ) -> Callable[[list], list]:
     """Compile an ATen graph; returns a boxed callable (takes a list of inputs).
 
     `kind` ("forward", "backward", "inference") names the graph in logs and compile records.
+    `roles`: what AOTAutograd's calling convention makes of its inputs and outputs (saved
+    activations, mutated inputs whose version it bumps).
     """
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -57,7 +61,9 @@ def compile_graph(
         gm = _passes(gm, example_inputs, options, device.lowering_platform, observer)
         missing = partition.missing(gm, options, device.lowering_platform)
         if not missing:
-            return _compile_whole(gm, example_inputs, observer, options, device, static_inputs)
+            return _compile_whole(
+                gm, example_inputs, observer, options, device, static_inputs, roles
+            )
         if options.fallback == "error":  # the failed compile gets a record (a dump folder)
             record = observer.record(_concrete_signature(example_inputs) or ())
             record.run("partition", lambda: partition.report_missing(missing, options))
@@ -132,10 +138,12 @@ def _passes(gm, inputs, options: Options, platform: str, observer) -> torch.fx.G
     return pipeline.run_passes(gm, ctx, observer)
 
 
-def _compile_whole(gm, example_inputs, observer, options: Options, device, static_inputs):
+def _compile_whole(
+    gm, example_inputs, observer, options: Options, device, static_inputs, roles=None
+):
     """Stages 3-6 of a graph compiled whole (or a region): at its sizes when they are concrete,
     else per signature of the calls."""
-    specializer = _Specializer(gm, options, device, static_inputs, observer)
+    specializer = _Specializer(gm, options, device, static_inputs, observer, roles=roles)
     if example_inputs is not None and all(dispatch.is_concrete(v) for v in example_inputs):
         return specializer(example_inputs)
     scalars = shapes.value_only_inputs(gm)
@@ -166,8 +174,13 @@ class _Specializer:
         observer,
         platform: str | None = None,
         shardings: lowering.Shardings | None = None,
+        roles: runtime.GraphRoles | None = None,
     ):
         self.gm = gm
+        self.roles = roles or runtime.GraphRoles()
+        # Saved activations kept on the device get module results of their own (not views).
+        kept = self.roles.saved_outputs if options.saved_on_device else ()
+        self._separate = frozenset(kept)
         self.options = options
         self.device = device
         self.static_inputs = tuple(static_inputs)
@@ -190,6 +203,8 @@ class _Specializer:
         entries.append(("strides", dispatch.strides(inputs)))
         if self.shardings is not None:
             entries.append(("shardings", (self.shardings.axes, self.shardings.inputs)))
+        if self._separate:
+            entries.append(("separate_outputs", tuple(sorted(self._separate))))
         record = self.observer.record(signature, self.fingerprint)
         compiled = _cached_compile(
             cache.CacheKey.of(entries),
@@ -198,7 +213,9 @@ class _Specializer:
             self.static_inputs,
             record,
             lambda: self._lower_and_compile(inputs, scalars, record),
+            self.roles,
         )
+        record.transfers = compiled.transfer_summary()
         debug.finish(record)
         return compiled
 
@@ -220,6 +237,7 @@ class _Specializer:
                 x64=x64,
                 scalar_inputs=scalars,
                 shardings=self.shardings,
+                separate_outputs=self._separate,
             )
 
         return record.run("lower", lower)
@@ -254,9 +272,11 @@ def _cached_compile(
     static_inputs: Sequence[int],
     record: debug.CompileRecord,
     compile_fn: Callable[[], Any] | None,
+    roles: runtime.GraphRoles | None = None,
 ) -> runtime.CompiledGraph | None:
     """The graph of `graph_key` (graph and inputs entries) from the compile cache, or compiled
-    by `compile_fn` and stored; None when it is not cached and there is no `compile_fn`."""
+    by `compile_fn` and stored; None when it is not cached and there is no `compile_fn`.
+    `roles`: as `compile_graph`'s."""
     key = cache.CacheKey(
         graph_key.entries + cache.CacheKey.of(context_entries(options, device)).entries
     )
@@ -279,7 +299,10 @@ def _cached_compile(
         record.show(lowered)
         record.show(executable)
     static = static_inputs if options.resident_params else ()
-    return runtime.CompiledGraph(executable, lowered, device, static, graph_key)
+    roles = roles or runtime.GraphRoles()
+    if not options.saved_on_device:
+        roles = dataclasses.replace(roles, saved_outputs=())
+    return runtime.CompiledGraph(executable, lowered, device, static, graph_key, roles)
 
 
 def load_cached(
@@ -288,6 +311,7 @@ def load_cached(
     static_inputs: Sequence[int],
     example_inputs: Sequence[Any],
     options: Options,
+    roles: runtime.GraphRoles | None = None,
 ) -> runtime.CompiledGraph | None:
     """A graph compiled by an earlier process, from the compile cache only (None if absent).
 
@@ -299,9 +323,10 @@ def load_cached(
     record = observer.record(dispatch.input_signature(example_inputs))
     record.cache["aot_autograd"] = "hit"
     record.cache["stages_skipped"] = "ATen graph and passes: nothing was traced in this process"
-    compiled = _cached_compile(graph_key, options, device, static_inputs, record, None)
+    compiled = _cached_compile(graph_key, options, device, static_inputs, record, None, roles)
     if compiled is None:
         record.status, record.error = "failed", "not in the compile cache: compiled again"
         return None
+    record.transfers = compiled.transfer_summary()
     debug.finish(record)
     return compiled

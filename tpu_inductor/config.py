@@ -66,12 +66,20 @@ class FusionOptions:
     attention: bool = True
 
 
+# torch.compile's modes, all accepted; on XLA they compile the same program. "reduce-overhead"
+# (CUDA graphs in Inductor: the least work per call) is what this backend always does: one PJRT
+# execution per graph, parameters and saved activations kept on the device. "max-autotune"
+# (Inductor's kernel search) is XLA's own autotuning, which its GPU compiler runs by default.
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 @dataclasses.dataclass(frozen=True)
 class Options:
     """Validated options of one `torch.compile(..., backend="tpu_inductor")` call."""
 
-    # PJRT platform to run on; "auto" picks the best present: tpu > gpu > cpu.
-    device: str = _knob("auto", choices=("auto", "tpu", "gpu", "cpu"))
+    # PJRT platform to run on; "auto" picks the best present: tpu > gpu > cpu. "cpu-copy": the
+    # CPU, every tensor copied across as on an accelerator (no zero-copy; for tests).
+    device: str = _knob("auto", choices=("auto", "tpu", "gpu", "cpu", "cpu-copy"))
     # What to do with ops that have no lowering: run them in eager torch ("eager"), raise
     # ("error"), or lower their regions with torch-mlir and run in eager what it cannot either.
     fallback: str = _knob("eager", choices=("eager", "error", "torch-mlir"))
@@ -81,6 +89,9 @@ class Options:
     x64: str = _knob("keep", choices=("keep", "narrow"))
     # Keep parameters and buffers on the device between calls, re-sent when their version changes.
     resident_params: bool = True
+    # Activations saved for the backward stay on the device (residency.DeviceTensor) instead of
+    # crossing to the host and back; eager code that reads one gets its values.
+    saved_on_device: bool = True
     # Passes to skip, by name (for bisecting a miscompile).
     disable_passes: tuple[str, ...] = ()
     # Folder to dump every compile's stages into (graphs, StableHLO, HLO, compile.json); None: off.
@@ -103,10 +114,10 @@ class Options:
         A key the user gives replaces its environment variable whole (which is then not read):
         `{"shapes": {"policy": "exact"}}` keeps the default `max_compiles`, whatever
         `TPU_INDUCTOR_SHAPES` says."""
-        if mode not in (None, "default"):
+        if mode not in MODES:
             raise OptionError(
-                f"tpu_inductor: mode={mode!r} is not supported; use mode=None or 'default' "
-                "(tune with options={...} instead)."
+                f"tpu_inductor: mode={mode!r} is not a torch.compile mode; use one of "
+                f"{', '.join(map(repr, MODES))} (tune with options={{...}} instead)."
             )
         given = options or {}
         items = [(k, v, _Where((k,), env=True)) for k, v in _env_values(skip=given).items()]
@@ -134,6 +145,7 @@ class Options:
 NOT_IN_CACHE_KEY = frozenset(
     {
         "resident_params",
+        "saved_on_device",
         "cache",
         "cache_dir",
         "cache_max_mb",

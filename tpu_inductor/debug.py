@@ -84,6 +84,8 @@ class CompileRecord:
     # Shape bucketing: the bucket and the true sizes that asked for it, or why the graph is not
     # bucketed (None: no policy, or no symbolic size).
     bucketing: dict[str, Any] | None = None
+    # What one call moves between host and device (runtime.CompiledGraph.transfer_summary).
+    transfers: dict[str, Any] | None = None
     error: str | None = None  # the last failure inside a stage (a recovered cache fault too)
     status: str = "compiling"  # then "ok" or "failed"
     dump_path: Path | None = None  # this record's dump folder, when dumping
@@ -407,6 +409,7 @@ def compile_summary(record: CompileRecord) -> dict[str, Any]:
         "fallback_ops": record.fallback,
         "pass_rewrites": record.passes,
         "bucketing": record.bucketing,
+        "transfers": record.transfers,
         "fingerprint": record.fingerprint,
         "files": record.files,
     }

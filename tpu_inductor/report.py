@@ -106,6 +106,8 @@ def explain(dump_dir: str | Path, compiles: list[dict[str, Any]] | None = None) 
                 f"    bucket {bucketing['bucket']} ({bucketing['policy']}) for true sizes "
                 f"{bucketing['true_sizes']}"
             )
+        if c.get("transfers"):
+            lines.append(f"    transfers: {transfer_line(c['transfers'])}")
         if c["error"]:
             lines.append(f"    error: {c['error']}")
     fallback: dict[str, int] = collections.Counter()
@@ -250,3 +252,23 @@ def add_subcommands(commands) -> None:
     repro_cmd = commands.add_parser("repro", help="recompile a failed compile's reproducer")
     repro_cmd.add_argument("repro_dir")
     repro_cmd.set_defaults(run=_run_repro)
+
+
+def transfer_line(transfers: dict) -> str:
+    """A compile record's transfer summary as one line: bytes per steady-state call by
+    direction and kind (nonzero ones), what the first call sends besides, what stays."""
+    parts = []
+    for direction, label in (("host_to_device", "to device"), ("device_to_host", "to host")):
+        kinds = {k: n for k, n in transfers["per_call"][direction].items() if n}
+        text = ", ".join(f"{k} {_size(n)}" for k, n in kinds.items()) or "nothing"
+        parts.append(f"per call {label}: {text}")
+    parts.append(f"parameters sent once {_size(transfers['resident_bytes'])}")
+    parts.append(f"{transfers['kept_on_device']} saved activation(s) kept on the device")
+    return "; ".join(parts)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"

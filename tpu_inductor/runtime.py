@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from . import residency, transfers
 from .exc import CompileError, DeviceError
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,9 @@ class Device:
     # row-major order (`device` is the first). Empty: one device.
     axes: tuple[tuple[str, int], ...] = ()
     mesh: tuple[Any, ...] = ()
+    # Whether CPU tensors cross zero-copy. False ("cpu-copy"): every crossing copies, as on an
+    # accelerator, so a missed write-back or a stale copy shows as a wrong number in tests.
+    zero_copy: bool = True
 
     def require_own_process(self) -> None:
         """PJRT clients do not survive a fork: their threads stay in the parent, and a compile
@@ -65,6 +69,11 @@ class Device:
             )
 
     @property
+    def key(self) -> tuple:
+        """Which device an array is on (residency.mirrors keys its copies by it)."""
+        return (id(self.client), self.device.id, self.zero_copy)
+
+    @property
     def lowering_platform(self) -> str:
         return LOWERING_PLATFORMS.get(self.platform, self.platform)
 
@@ -76,7 +85,8 @@ class Device:
         if self.mesh:
             axes = ",".join(f"{name}={size}" for name, size in self.axes)
             return f"{self.platform} mesh {axes} of {len(self.mesh)} devices ({self.kind})"
-        return f"{self.platform}:{self.device.id} ({self.kind})"
+        copy = "" if self.zero_copy else ", copied"
+        return f"{self.platform}:{self.device.id} ({self.kind}{copy})"
 
 
 def device_option_of(lowering_platform: str) -> str:
@@ -105,15 +115,16 @@ def select_device(name: str = "auto") -> Device:
     platforms = available_platforms()
     if name == "auto":
         name = next(p for p in _PREFERENCE if p in platforms)
-    if name not in platforms:
+    if ("cpu" if name == "cpu-copy" else name) not in platforms:
         raise DeviceError(
             f"tpu_inductor: device {name!r} was requested but no such PJRT platform is present "
             f"(found: {', '.join(platforms) or 'none'}). Install its PJRT plugin (e.g. libtpu, "
             "jax[cuda12]) or choose another with options={'device': ...} / TPU_INDUCTOR_DEVICE."
         )
-    if name == "cpu":
+    if name in ("cpu", "cpu-copy"):
         client = _synchronous_cpu_client()
-        return Device(client=client, device=client.local_devices()[0], platform=name)
+        device = client.local_devices()[0]
+        return Device(client, device, platform="cpu", zero_copy=name == "cpu")
     return Device(client=jeb.get_backend(name), device=platforms[name][0], platform=name)
 
 
@@ -288,10 +299,12 @@ class _Transfer:
     def __init__(self, device: Device):
         import jax
 
+        self.key = None if device.mesh else device.key
         self.device = device.device
-        self.on_cpu = device.platform == "cpu" and not device.mesh
+        self.on_cpu = device.platform == "cpu" and device.zero_copy and not device.mesh
         self.cpu_mesh = device.platform == "cpu" and bool(device.mesh)
-        self.host = self.device if self.on_cpu else jax.devices("cpu")[0]
+        self.copies_on_cpu = device.platform == "cpu" and not device.zero_copy
+        self.host = self.device if device.platform == "cpu" else jax.devices("cpu")[0]
         try:
             from jax._src.lib import _jax
 
@@ -307,6 +320,10 @@ class _Transfer:
         zero-copy torch memory split over devices was released on XLA's worker threads, which
         aborted the process at exit ("terminate called without an active exception") in about
         half of fresh processes."""
+        if tensor.__class__ is residency.DeviceTensor:
+            if tensor.device_key == self.key and sharding is None:
+                return tensor.array
+            tensor = tensor.host()
         tensor = tensor.detach()
         if tensor.is_conj() or tensor.is_neg():  # lazy bits dlpack would drop: apply them
             tensor = tensor.resolve_conj().resolve_neg()
@@ -333,6 +350,8 @@ class _Transfer:
             return array
         import jax
 
+        if self.copies_on_cpu:  # the device's own copy, as an accelerator's would be
+            return jax.device_put(array, self.device, may_alias=False)
         return jax.device_put(array, sharding or self.device)
 
     def aliases(self, array, tensor: torch.Tensor) -> bool:
@@ -348,8 +367,25 @@ class _Transfer:
         return torch.from_dlpack(array)
 
 
+@dataclasses.dataclass(frozen=True)
+class GraphRoles:
+    """What the caller's calling convention (AOTAutograd's) makes of a graph's inputs and
+    outputs, by position: activations saved for the backward (a backward's inputs, a
+    forward's outputs), and mutated inputs whose version counter the caller bumps after the
+    call (as it does for a compiler that writes inputs in place)."""
+
+    saved_inputs: tuple[int, ...] = ()
+    saved_outputs: tuple[int, ...] = ()
+    bumped_inputs: tuple[int, ...] = ()
+
+
 class CompiledGraph:
-    """A compiled executable with the torch calling convention (boxed: takes a list of args)."""
+    """A compiled executable with the torch calling convention (boxed: takes a list of args).
+
+    `roles` (GraphRoles): saved activations among its inputs (taken from the device where they
+    are there) and outputs (returned as residency.DeviceTensor: they stay on the device), and
+    the mutated inputs whose version the caller bumps after the call.
+    """
 
     def __init__(
         self,
@@ -358,6 +394,7 @@ class CompiledGraph:
         device: Device,
         static_inputs: Sequence[int] = (),
         graph_key: Any = None,
+        roles: GraphRoles | None = None,
     ):
         self._boxed_call = True  # an instance attribute: wrappers copy __dict__, not the class
         self.executable = executable
@@ -365,16 +402,26 @@ class CompiledGraph:
         self.device = device
         self.graph_key = graph_key  # the compile cache's key of graph and inputs, if cached
         self._transfer = _Transfer(device)
+        roles = roles or GraphRoles()
+        saved_inputs, saved_outputs = roles.saved_inputs, frozenset(roles.saved_outputs)
+        # Device copies shared between graphs (none over a mesh: their arrays are split).
+        self._mirror_key = None if device.mesh else device.key
+        sizes = [
+            _nbytes(spec, dtype)
+            for spec, dtype in zip(lowered.input_specs, lowered.module_input_dtypes)
+        ]
         inputs = [  # (argument slot, graph input position, dtype to cast to first, or None)
             (slot, position, module_dtype if spec.dtype != module_dtype else None)
             for slot, (position, spec, module_dtype) in enumerate(
                 zip(lowered.tensor_inputs, lowered.input_specs, lowered.module_input_dtypes)
             )
         ]
-        static = frozenset(static_inputs)
-        self._per_call = tuple(entry for entry in inputs if entry[1] not in static)
+        static, saved = frozenset(static_inputs), frozenset(saved_inputs) - frozenset(static_inputs)
+        self._per_call = tuple(e for e in inputs if e[1] not in static and e[1] not in saved)
+        self._saved_inputs = tuple((*e, sizes[e[0]]) for e in inputs if e[1] in saved)
         self._resident_inputs = tuple(entry for entry in inputs if entry[1] in static)
         self._resident_positions = tuple(position for _, position, _ in self._resident_inputs)
+        self._resident_bytes = tuple(sizes[slot] for slot, _, _ in self._resident_inputs)
         # Parameters and buffers stay on the device while their stamp holds (see
         # `_resident_arguments`), in one state replaced whole: threads calling with the
         # parameters of different modules each use the state they made.
@@ -389,8 +436,40 @@ class CompiledGraph:
             for index, slot in enumerate(lowered.outputs)
             if slot.view
         )
+        # Per-call arguments the graph returns as saved activations (an input the backward
+        # reads): their arrays become mirrors, so the backward does not send them again.
+        returned = {slot.input for i, slot in enumerate(lowered.outputs) if i in saved_outputs}
+        self._mirrored = tuple(e[:2] for e in self._per_call if e[1] in returned and e[2] is None)
+        self._bumped = frozenset(roles.bumped_inputs)
+        # Module results that stay on the device: read by saved outputs only, as they are.
+        kinds = _result_kinds(lowered, saved_outputs)
+        self._kept = tuple(
+            r for r, kind in enumerate(kinds) if kind == "kept" and self._output_casts[r] is None
+        )
         # Per module argument (the seed last), how it is split over a mesh; None: one device.
         self._shardings = _argument_shardings(device, lowered)
+        self.per_call = collections.Counter()  # what one steady-state call moves
+        for slot, _, _ in self._per_call:
+            self.per_call[transfers.HOST_TO_DEVICE, "argument"] += sizes[slot]
+        if lowered.uses_rng:
+            self.per_call[transfers.HOST_TO_DEVICE, "argument"] += 8
+        for r, kind in enumerate(kinds):
+            if r not in self._kept:
+                spec = lowered.output_specs[r]
+                kind = "saved" if kind == "kept" else kind
+                self.per_call[transfers.DEVICE_TO_HOST, kind] += _nbytes(spec, spec.dtype)
+        self._per_call_entries = (*self.per_call.items(), (transfers.CALLS, 1))
+        self.ledger = collections.Counter()  # every call of this graph, by (direction, kind)
+
+    def transfer_summary(self) -> dict:
+        """For compile records: what a steady-state call moves, what the first call moves
+        besides (parameters and buffers sent to the device), and what stays there."""
+        return {
+            "per_call": transfers.as_dict(self.per_call),
+            "resident_bytes": sum(self._resident_bytes),
+            "saved_inputs_bytes": sum(entry[3] for entry in self._saved_inputs),
+            "kept_on_device": len(self._kept),
+        }
 
     def __call__(self, args: list) -> list:
         if self._resident_positions:
@@ -401,17 +480,29 @@ class CompiledGraph:
         for slot, position, cast in self._per_call:
             value = args[position] if cast is None else args[position].to(cast)
             arrays[slot] = to_device(value, shardings[slot])
+        if self._saved_inputs:
+            self._saved_arguments(args, arrays)
+        for slot, position in self._mirrored:
+            if not self._transfer.on_cpu or self._transfer.aliases(arrays[slot], args[position]):
+                residency.mirrors.put(args[position], self._mirror_key, arrays[slot])
         if self.lowered.uses_rng:
             seed = torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32)
             arrays.insert(0, to_device(seed, shardings[-1]))
         results = self.executable.execute_sharded(arrays).disassemble_into_single_device_arrays()
+        transfers.add(self._per_call_entries, self.ledger)
         to_torch = self._transfer.to_torch
-        outs = [
-            to_torch(r[0]) if cast is None else to_torch(r[0]).to(cast)
-            for r, cast in zip(results, self._output_casts)
-        ]
+        outs = (
+            [
+                to_torch(r[0]) if cast is None else to_torch(r[0]).to(cast)
+                for r, cast in zip(results, self._output_casts)
+            ]
+            if not self._kept
+            else self._outputs(results)
+        )
         for position, result in self.lowered.mutations:
             args[position].copy_(outs[result])
+            if self._mirror_key is not None:
+                self._mirror_written(args[position], results[result][0])
         returned = [
             outs[result] if result is not None else value if source is None else args[source]
             for result, source, value in self._slots
@@ -424,25 +515,71 @@ class CompiledGraph:
         args.clear()
         return returned
 
+    def _mirror_written(self, tensor: torch.Tensor, array) -> None:
+        """After a write-back: the device holds `tensor`'s new values (`array`), so no graph
+        sends it again. On the CPU the mirror reads the tensor's own memory instead (a write
+        that bypasses the version counter is seen there, as by every zero-copy argument)."""
+        if self._transfer.on_cpu:
+            array = self._transfer.to_device(tensor)
+            if not self._transfer.aliases(array, tensor):
+                return
+        residency.mirrors.put(tensor, self._mirror_key, array)
+
+    def _outputs(self, results) -> list:
+        """Module results as torch tensors; those kept on the device as DeviceTensors."""
+        to_torch, specs = self._transfer.to_torch, self.lowered.output_specs
+        outs = [
+            None if r in self._kept else to_torch(x[0]) if cast is None else to_torch(x[0]).to(cast)
+            for r, (x, cast) in enumerate(zip(results, self._output_casts))
+        ]
+        for r in self._kept:
+            spec = specs[r]
+            outs[r] = residency.DeviceTensor(
+                results[r][0], spec.shape, spec.dtype, to_torch, self._mirror_key
+            )
+        return outs
+
+    def _saved_arguments(self, args: list, arrays: list) -> None:
+        """The saved activations' arrays: a DeviceTensor's own, a mirror's, or sent (counted)."""
+        key, sent = self._mirror_key, 0
+        for slot, position, cast, size in self._saved_inputs:
+            value = args[position]
+            if (
+                value.__class__ is residency.DeviceTensor
+                and value.device_key == key
+                and cast is None
+            ):
+                arrays[slot] = value.array
+                continue
+            array = None if key is None or cast is not None else residency.mirrors.get(value, key)
+            if array is None:
+                array = self._transfer.to_device(
+                    value if cast is None else value.to(cast), self._shardings[slot]
+                )
+                sent += size
+                if key is not None and cast is None:
+                    residency.mirrors.put(value, key, array)
+            arrays[slot] = array
+        if sent:
+            transfers.add([((transfers.HOST_TO_DEVICE, "saved"), sent)], self.ledger)
+
     def _resident_arguments(self, args: list) -> Sequence[Any]:
         """The module's arguments with the parameters' arrays: sent again where they changed
         (none, on a steady-state call).
 
-        CPU: a zero-copy array reads the tensor's memory, so whatever writes it (an optimizer,
-        `.data`, inference mode, a flat buffer the parameters view) is seen; only another
-        storage (`param.data = other`) is sent again. A CPU copy (a non-contiguous, misaligned
-        or cast parameter) is sent on every call, for the same writes. Other devices hold
-        copies, sent again when (identity, version, storage) changes: a write that bypasses the
-        version counter (through `.data`, or to an inference tensor) is not seen there.
+        A parameter changed when its stamp (residency.stamp: version, storage) did. Its array
+        is then another graph's device copy of it if one holds the same stamp (a graph that
+        wrote it, or that sent it first: residency.mirrors), else it is sent (counted). On the
+        CPU a zero-copy array reads the tensor's memory, so a write that bypasses the version
+        counter (`.data`, inference mode) is seen as well; a CPU copy (a non-contiguous,
+        misaligned or cast parameter) is sent on every call. Other devices hold copies: such a
+        write is not seen there.
 
         The parameters are not kept alive: when one dies, the state is dropped (its arrays hold
         the memory; and an identity or a storage could then be reused by another tensor).
         """
         tensors = [args[position] for position in self._resident_positions]
-        if self._transfer.on_cpu:
-            stamp = [tensor.data_ptr() for tensor in tensors]
-        else:
-            stamp = [(id(t), _version(t), t.data_ptr()) for t in tensors]
+        stamp = [(id(t), *residency.stamp(t)) for t in tensors]
         state = self._resident
         if stamp != state.stamp:
             return self._resend(tensors, stamp, state).arguments
@@ -471,14 +608,49 @@ class CompiledGraph:
         return fresh
 
     def _send(self, index: int, tensor: torch.Tensor):
-        """Resident parameter `index` (cast to the module's dtype if need be) on the device."""
-        slot, _, cast = self._resident_inputs[index]
+        """Resident parameter `index` (cast to the module's dtype if need be) on the device:
+        a device copy another graph holds at its stamp, else sent (and counted)."""
+        slot, position, cast = self._resident_inputs[index]
+        key = self._mirror_key if cast is None else None
+        bumped = position in self._bumped
+        array = None if key is None else residency.mirrors.get(tensor, key, bumped)
+        if array is not None:
+            return array
         value = tensor if cast is None else tensor.to(cast)
-        return self._transfer.to_device(value, self._shardings[slot])
+        array = self._transfer.to_device(value, self._shardings[slot])
+        transfers.add(
+            [((transfers.HOST_TO_DEVICE, "parameter"), self._resident_bytes[index])], self.ledger
+        )
+        if key is not None and (not self._transfer.on_cpu or self._transfer.aliases(array, tensor)):
+            residency.mirrors.put(tensor, key, array)
+        return array
 
     def _forget_resident(self, state: _Resident) -> None:
         if self._resident is state:
             self._resident = _Resident.empty(len(state.arguments))
+
+
+def _result_kinds(lowered, saved_outputs: frozenset[int]) -> list[str]:
+    """Per module result, what reads it: "mutation" (a write-back), "output" (a graph output
+    or a view's base), or "kept" (only outputs in `saved_outputs`, as they are)."""
+    kinds = ["output"] * len(lowered.output_specs)
+    readers: dict[int, set[str]] = collections.defaultdict(set)
+    for index, slot in enumerate(lowered.outputs):
+        if slot.result is not None:
+            readers[slot.result].add(
+                "saved" if index in saved_outputs and not slot.view else "other"
+            )
+        if slot.view and slot.input is None:
+            readers[slot.view[0]].add("other")
+    for _, result in lowered.mutations:
+        readers[result].add("mutation")
+    for r, seen in readers.items():
+        kinds[r] = "mutation" if "mutation" in seen else "kept" if seen == {"saved"} else "output"
+    return kinds
+
+
+def _nbytes(spec, dtype: torch.dtype) -> int:
+    return transfers.nbytes(spec.shape, dtype.itemsize)
 
 
 def _argument_shardings(device: Device, lowered) -> tuple:
@@ -521,11 +693,6 @@ def _forget(graph_ref, state_ref) -> None:
     graph, state = graph_ref(), state_ref()
     if graph is not None and state is not None:
         graph._forget_resident(state)
-
-
-def _version(tensor: torch.Tensor) -> int:
-    """A tensor's version counter (inference tensors have none: -1)."""
-    return -1 if tensor.is_inference() else tensor._version
 
 
 def _numpy_copy(tensor: torch.Tensor):

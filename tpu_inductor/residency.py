@@ -1,0 +1,106 @@
+"""What stays on the device between calls: device-backed tensors and device mirrors of host ones.
+
+`DeviceTensor` is a torch tensor whose values live in a device array: a compiled forward returns
+the activations only its backward reads as DeviceTensors, and the backward takes their arrays
+as they are, so they never cross the host link. Anything else that reads one (an eager op, a
+print, `torch.save`) gets its values: the array is copied to the host once (counted as
+"materialized" in the transfer ledger) and the op runs on that copy. What has no values on the
+host (`data_ptr()`, `.numpy()` of the wrapper) raises torch's own error, never a stale number.
+
+A *mirror* is the device copy of a host tensor (a parameter, a buffer, a saved input) together
+with the host tensor's stamp (version counter, storage pointer) when the copy was made or
+written: every compiled graph that takes the tensor reuses the copy while the stamp holds, and a
+graph that writes the tensor (a buffer update, an optimizer step) publishes its result as the
+new copy after it wrote the host tensor, so the next graph does not send it again. An in-place
+write through torch bumps the version: the stamp no longer holds and the tensor is sent again.
+(Writes that bypass the version counter, through `.data` or to an inference tensor, are not
+seen on an accelerator: as with `resident_params`.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from . import transfers
+
+
+class DeviceTensor(torch.Tensor):
+    """A tensor of `shape` and `dtype` whose values are the device array `array`.
+
+    `to_host(array)` copies an array to a CPU torch tensor (the runtime's transfer);
+    `device_key` names the array's device (runtime.Device.key)."""
+
+    @staticmethod
+    def __new__(cls, array, shape, dtype: torch.dtype, to_host: Callable[[Any], Any], device_key):
+        tensor = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="cpu")
+        tensor.array, tensor.device_key = array, device_key
+        tensor._to_host, tensor._host = to_host, None
+        return tensor
+
+    def host(self) -> torch.Tensor:
+        """The values as a plain CPU tensor (copied from the device on first use)."""
+        if self._host is None:
+            host = self._to_host(self.array)
+            transfers.add(
+                [((transfers.DEVICE_TO_HOST, "materialized"), host.numel() * host.element_size())]
+            )
+            self._host = host.reshape(self.shape)
+        return self._host
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func in _SHARING and type(args[0]) is cls:  # autograd's detach of a saved tensor
+            source = args[0]
+            return cls(source.array, source.shape, source.dtype, source._to_host, source.device_key)
+        args, kwargs = torch.utils._pytree.tree_map_only(cls, cls.host, (args, kwargs or {}))
+        return func(*args, **kwargs)
+
+    def __reduce_ex__(self, protocol):  # torch.save, pickle, deepcopy: the values
+        return self.host().__reduce_ex__(protocol)
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        return f"DeviceTensor({self.host()!r})"
+
+
+_SHARING = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
+
+
+class Mirrors:
+    """Device copies of host tensors, per device, keyed by the tensor (weakly: a tensor that
+    dies drops its copy) and valid while the tensor's stamp holds."""
+
+    def __init__(self):
+        self._copies = WeakIdKeyDictionary()
+
+    def get(self, tensor: torch.Tensor, device_key: Any, bumped: bool = False):
+        """The device copy of `tensor` on the device of `device_key`, or None if there is none
+        or the tensor changed since. `bumped`: the caller's wrapper has just bumped the
+        tensor's version once without writing it (AOTAutograd does, before calling a graph
+        that writes the tensor)."""
+        entry = self._copies.get(tensor)
+        if entry is None or entry[0] != device_key:
+            return None
+        version, storage = stamp(tensor)
+        if bumped and version >= 0:
+            version -= 1
+        return entry[2] if entry[1] == (version, storage) else None
+
+    def put(self, tensor: torch.Tensor, device_key: Any, array) -> None:
+        """`array` is `tensor`'s current values on the device of `device_key`."""
+        self._copies[tensor] = (device_key, stamp(tensor), array)
+
+    def clear(self) -> None:
+        self._copies.clear()
+
+
+def stamp(tensor: torch.Tensor) -> tuple[int, int]:
+    """What changes when a tensor's values may have: its version (inference tensors have none:
+    -1) and its storage."""
+    return (-1 if tensor.is_inference() else tensor._version, tensor.data_ptr())
+
+
+mirrors = Mirrors()
