@@ -38,6 +38,7 @@ RULE_MODULES = (
     "statistics",
     "random",
     "creation",
+    "moe",
 )
 
 

@@ -2,9 +2,11 @@
 
 `build(name, size)` returns a seeded float32 model in eval mode and its keyword inputs, for the
 model tests and the torch-mlir differential test. Dropout is off so a training step is
-deterministic; MoE experts use transformers' "batched_mm" path (static shapes: gather the
-selected experts' weights, batched matmul), since its float32 default under torch.compile is an
-opaque transformers custom op.
+deterministic. Mixture-of-experts models (`MOE`) run the experts implementation `build` is
+given: "batched_mm" unless told (static shapes: gather the selected experts' weights, batched
+matmul; the torch-mlir differential test needs it), or None for the model's default,
+"grouped_mm" (a grouped matmul over tokens sorted by expert: `aten._grouped_mm` in bfloat16,
+transformers' `grouped_mm_fallback` custom op otherwise).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ LARGE = Size(hidden=128, layers=4, heads=8, seq=64, batch=2)
 
 MODELS = ("gpt2", "bert", "llama", "t5", "vit", "mixtral")
 TRAINABLE = ("gpt2", "bert", "llama")  # the ones the issue asks a training step of
+MOE = ("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss")
 
 
 def _decoder_kwargs(s: Size) -> dict:
@@ -82,6 +85,8 @@ def _config(name: str, s: Size):
         return tf.MixtralForCausalLM, tf.MixtralConfig(
             **_decoder_kwargs(s), num_local_experts=4, num_experts_per_tok=2
         )
+    if name in MOE and name not in MODELS:
+        return _moe_config(tf, name, s)
     if name == "t5":
         return tf.T5ForConditionalGeneration, tf.T5Config(
             vocab_size=VOCAB,
@@ -108,16 +113,52 @@ def _config(name: str, s: Size):
             num_labels=10,
             attn_implementation="sdpa",
         )
-    raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+    raise ValueError(f"unknown model {name!r}; known: {', '.join(dict.fromkeys(MODELS + MOE))}")
 
 
-def build(name: str, size: Size = TINY) -> tuple[torch.nn.Module, dict]:
-    """A seeded, randomly initialised float32 model (eval mode) and its keyword inputs."""
+def _moe_config(tf, name: str, s: Size):
+    """Qwen3-MoE, DeepSeek-V3 (a dense first layer, a shared expert, group-limited routing,
+    multi-head latent attention) and GPT-OSS (expert biases, attention sinks: eager attention,
+    sliding-window layers): 4 experts, 2 per token."""
+    kwargs = dict(**_decoder_kwargs(s), num_experts_per_tok=2, moe_intermediate_size=s.hidden // 2)
+    head = s.hidden // s.heads
+    if name == "qwen3_moe":
+        return tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig(**kwargs, num_experts=4, head_dim=head)
+    if name == "deepseek_v3":
+        kwargs.update(num_key_value_heads=s.heads, q_lora_rank=None, kv_lora_rank=2 * head)
+        return tf.DeepseekV3ForCausalLM, tf.DeepseekV3Config(
+            **kwargs,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            n_group=2,
+            topk_group=1,
+            qk_rope_head_dim=head // 2,
+            qk_nope_head_dim=head // 2,
+            v_head_dim=head,
+        )
+    kwargs.pop("moe_intermediate_size")
+    kwargs["attn_implementation"] = "eager"  # transformers has no sdpa path with sinks
+    layer_types = ["sliding_attention", "full_attention"] * s.layers
+    return tf.GptOssForCausalLM, tf.GptOssConfig(
+        **kwargs,
+        num_local_experts=4,
+        head_dim=head,
+        sliding_window=s.seq // 2,
+        layer_types=layer_types[: s.layers],
+    )
+
+
+def build(
+    name: str, size: Size = TINY, experts: str | None = "batched_mm"
+) -> tuple[torch.nn.Module, dict]:
+    """A seeded, randomly initialised float32 model (eval mode) and its keyword inputs; an MoE
+    model runs the `experts` implementation (None: the model's default)."""
     cls, config = _config(name, size)
     torch.manual_seed(0)
     model = cls(config).eval()
-    if name == "mixtral":
-        model.set_experts_implementation("batched_mm")
+    if name in MOE and experts is not None:
+        model.set_experts_implementation(experts)
     if name == "gpt2":  # its class name maps to no loss; the warning would break Dynamo's graph
         model.loss_type = "ForCausalLM"
     g = torch.Generator().manual_seed(1)
