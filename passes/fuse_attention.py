@@ -16,7 +16,8 @@ The other SDPA kernels (flash, efficient, cuDNN) take CUDA tensors, which the ba
 the math kernel is decomposed before this pass and met as written-out attention (with
 `_safe_softmax`). Not rewritten: a softmax or score another node also reads (a training
 forward saves its softmax for the backward: the written-out backward stays as it is), dropout,
-a second mask, masks that are neither float biases nor -inf / finfo.min fills.
+a where/masked_fill mask next to another mask (several additive ones are summed), masks that
+are neither float biases nor -inf / finfo.min fills.
 
 Preserves: every result (the op computes what the nodes it replaces did, in float32; a
 written-out softmax over a row of -inf stays NaN), `node.meta["val"]` (new nodes get theirs
@@ -160,8 +161,8 @@ def _written_out(softmax: torch.fx.Node, ctx: PassContext) -> None:
         return
     scale, bias, causal, counts = 1.0, None, None, ["written_out"]
     masks = [(step, got) for step, got in found if step.kind in ("bias", "keep", "drop")]
-    if len(masks) > 1:
-        return
+    if len(masks) > 1 and any(step.kind != "bias" for step, _ in masks):
+        return  # where(m, s + b, fill) is no sum of biases where a row is all fill
     for step, got in found:
         if step.kind in ("scale", "inverse_scale"):
             c = got["c"]
@@ -169,13 +170,17 @@ def _written_out(softmax: torch.fx.Node, ctx: PassContext) -> None:
                 return
             scale *= c if step.kind == "scale" else 1 / c
     k = _untransposed(kt)
-    if masks:
-        ((step, got),) = masks
+    for step, got in masks:  # several additive masks (T5: position bias + mask): their sum
         made = _mask(step, got, softmax, q, k)
-        if made is None:
+        if made is None or (made[1] is not None and causal is not None):
             return
-        bias, causal = made
-        counts += ["causal_mask"] * (causal is not None)
+        if made[1] is not None:
+            causal = made[1]
+            counts.append("causal_mask")
+        elif bias is None:
+            bias = made[0]
+        else:
+            bias = _insert(softmax, aten.add.Tensor, (bias, made[0]))
     k, v, folded = _fold_gqa(q, k, v)
     counts += ["gqa_folded"] * folded
     nan_rows = bias is not None and not safe

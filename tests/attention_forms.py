@@ -121,6 +121,22 @@ def causal_and_full(q, k, v, m):  # a causal mask and-ed with an all-true paddin
     return torch.softmax(torch.where(keep, _scores(q, k) * 0.25, float("-inf")), -1) @ v
 
 
+def two_biases(q, k, v, m):  # T5: a position bias and the mask, added one after the other
+    bias = torch.arange(k.shape[-2], dtype=q.dtype)[None, :] * 0.01
+    return torch.softmax(_scores(q, k) * 1.0 + bias + m, -1) @ v
+
+
+# GPT-2's causal buffer (a module buffer in the model, a global here): a graph input sliced
+_BUFFER = torch.tril(torch.ones(16, 16, dtype=torch.bool)).view(1, 1, 16, 16)
+
+
+def sliced_buffer(q, k, v, m):
+    length, count = q.shape[-2], k.shape[-2]
+    keep = _BUFFER[:, :, count - length : count, :count]
+    s = (_scores(q, k) / 4.0).masked_fill(~keep, torch.finfo(q.dtype).min)
+    return torch.softmax(s, -1) @ v
+
+
 def gqa_plain(q, k, v, m):
     k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
     return torch.softmax(_scores(q, k) * 0.25, -1) @ v
@@ -212,6 +228,9 @@ FORMS = (
     Form("decode_tril", causal_tril, decode=True),
     Form("decode_arange", causal_arange, decode=True),
     Form("decode_bias", causal_bias, decode=True),
+    Form("two_biases", two_biases, mask="float"),
+    Form("sliced_buffer", sliced_buffer),
+    Form("sliced_buffer_decode", sliced_buffer, decode=True),
     Form("gqa_plain", gqa_plain, kv_heads=2),
     Form("gqa_causal", gqa_causal, kv_heads=2),
     Form("mqa_expand", mqa_expand),

@@ -81,13 +81,18 @@ def _compile_and_run(case, fuse: bool):
     with torch.set_grad_enabled(training):
         out = compiled(q, k, v, mask)
         grads = torch.autograd.grad(out.float().square().sum(), (q, k, v)) if training else ()
-    rewrites = {
+    rewrites = _rewrites_since(before)
+    eager = form.fn(q, k, v, mask)
+    return out.detach(), grads, rewrites, eager.detach()
+
+
+def _rewrites_since(before: collections.Counter) -> dict[str, int]:
+    """fuse_attention's rewrites (the pipeline's process-wide counters) since `before`."""
+    return {
         key.removeprefix("fuse_attention."): count - before[key]
         for key, count in pipeline.counters.items()
         if key.startswith("fuse_attention.") and count > before[key]
     }
-    eager = form.fn(q, k, v, mask)
-    return out.detach(), grads, rewrites, eager.detach()
 
 
 def _tolerance(dtype):
@@ -174,3 +179,35 @@ def test_option_is_validated_and_in_the_cache_key():
         Options.from_user({"fusion": {"attention": "yes"}})
     with pytest.raises(OptionError, match="attention"):
         Options.from_user({"fusion": {"atention": True}})
+
+
+@pytest.mark.parametrize(
+    "name, attentions, causal, gqa",
+    [("gpt2", 2, 0, 0), ("llama", 2, 0, 4), ("t5", 6, 2, 0), ("bert", 2, 0, 0)],
+)
+def test_hugging_face_eager_attention(name, attentions, causal, gqa):
+    """Hugging Face models from configs with attn_implementation="eager" and a padding mask:
+    every attention layer becomes the one op (Llama's repeated K/V folded; a causal mask with
+    padding stays a mask, a pure one becomes the flag); logits equal the unfused compile's."""
+    from tests import hf_zoo
+
+    logits, counts = {}, {}
+    for fuse in (True, False):
+        model, kwargs = hf_zoo.build(name)
+        model.set_attn_implementation("eager")
+        mask = torch.ones_like(kwargs["input_ids"])
+        mask[0, :2] = 0
+        kwargs["attention_mask"] = mask
+        torch._dynamo.reset()
+        before = collections.Counter(pipeline.counters)
+        options = {"cache": False, "fallback": "error", "fusion": {"attention": fuse}}
+        with torch.no_grad():
+            logits[fuse] = torch.compile(model, backend="tpu_inductor", options=options)(
+                **kwargs
+            ).logits
+        counts[fuse] = _rewrites_since(before)
+    assert counts[False] == {}
+    assert counts[True].get("written_out") == attentions, counts[True]
+    assert counts[True].get("causal_mask", 0) == causal, counts[True]
+    assert counts[True].get("gqa_folded", 0) == gqa, counts[True]
+    assert_same(logits[True], logits[False], rtol=1e-6, atol=1e-6)
