@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tpu_inductor import cache, debug, runtime, transfers
+from tpu_inductor import cache, debug, ledger, runtime
 from tpu_inductor.config import Options
 from tpu_inductor.exc import (
     DeviceError,
@@ -589,10 +589,10 @@ def test_parameters_are_transferred_once_not_per_call(monkeypatch, copies):
         assert first >= 11 and sent == [(2, 4)], sent  # second call: only the activation
         model[0].weight.add_(1)  # sent again (a new version): zero-copy, a new view of it
         sent.clear()
-        transfers.reset()
+        ledger.reset()
         assert_same(compiled(x), model(x))
         assert sorted(sent) == [(2, 4), (4, 4)], sent
-        assert transfers.transfers()["host_to_device"]["parameter"] == 4 * 4 * 4
+        assert ledger.transfers()["host_to_device"]["parameter"] == 4 * 4 * 4
         model[1].weight.data = torch.randn(4, 4)  # another storage: sent again either way
         sent.clear()
         assert_same(compiled(x), model(x))

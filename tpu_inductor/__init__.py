@@ -7,7 +7,7 @@ Importing this package is cheap and changes no global state; jax is imported on 
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "compiles", "precompile", "save_plans"]
+__all__ = ["__version__", "compiles", "precompile", "reset_transfers", "save_plans", "transfers"]
 
 
 def compiles() -> int:
@@ -30,3 +30,18 @@ def save_plans() -> list[str]:
     from .bucketing import save_plans as run
 
     return run()
+
+
+def transfers() -> dict:
+    """Bytes moved between host and device in this process, by direction and kind (counted as
+    an accelerator pays them, also on the zero-copy CPU): tpu_inductor.transfers."""
+    from .ledger import transfers as ledger
+
+    return ledger()
+
+
+def reset_transfers() -> None:
+    """Count transfers from zero again (a benchmark's steady state, a test)."""
+    from .ledger import reset
+
+    reset()

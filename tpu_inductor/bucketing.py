@@ -14,6 +14,7 @@ import collections
 import dataclasses
 import functools
 import logging
+import math
 from typing import Any
 
 import sympy
@@ -21,6 +22,7 @@ import torch
 
 from .passes import bucket_policy
 from .passes.bucket_shapes import BucketLayout
+from .residency import DeviceTensor
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +150,11 @@ def _pad(tensor: torch.Tensor, dim: int, factors, true, buckets, pad_with, stats
     want = [_at(f, buckets) for f in factors]
     if have == want:
         return tensor
+    if type(tensor) is DeviceTensor:  # a saved activation its bucketed forward kept padded
+        padded = list(tensor.shape)
+        padded[dim] = math.prod(want)
+        if tensor.padded_shape == tuple(padded):
+            return tensor.padded()
     merged = tensor.unflatten(dim, have) if len(factors) > 1 else tensor
     shape = list(merged.shape)
     shape[dim : dim + len(want)] = want
@@ -167,6 +174,9 @@ def _unpad(out: Any, spec: Any, true: dict, buckets: dict) -> Any:
         return _at(spec, true)
     if spec is None or not isinstance(out, torch.Tensor):
         return out
+    if type(out) is DeviceTensor:  # stays padded on the device; cut on the host if read
+        shape = _unpad(torch.empty(out.shape, device="meta"), spec, true, buckets).shape
+        return out.with_padding(shape, lambda host: _unpad(host, spec, true, buckets))
     for dim in reversed(range(len(spec))):
         factors = spec[dim]
         if not any(f.free_symbols for f in factors):

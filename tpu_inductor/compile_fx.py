@@ -298,7 +298,10 @@ def _cached_compile(
     if record.cache["decision"] in ("memory_hit", "disk_hit"):  # `compile_fn` showed the others
         record.show(lowered)
         record.show(executable)
-    static = static_inputs if options.resident_params else ()
+    # Inputs the graph writes (a buffer, a cache passed in) are state too: their device copy,
+    # written by this call, serves the next one (residency.mirrors).
+    mutated = tuple(position for position, _ in lowered.mutations)
+    static = tuple(dict.fromkeys((*static_inputs, *mutated))) if options.resident_params else ()
     roles = roles or runtime.GraphRoles()
     if not options.saved_on_device:
         roles = dataclasses.replace(roles, saved_outputs=())

@@ -5,7 +5,8 @@ the activations only its backward reads as DeviceTensors, and the backward takes
 as they are, so they never cross the host link. Anything else that reads one (an eager op, a
 print, `torch.save`) gets its values: the array is copied to the host once (counted as
 "materialized" in the transfer ledger) and the op runs on that copy. What has no values on the
-host (`data_ptr()`, `.numpy()` of the wrapper) raises torch's own error, never a stale number.
+host: `data_ptr()` is 0 (no host memory), never a stale address; `.numpy()` and `.tolist()`
+give the values.
 
 A *mirror* is the device copy of a host tensor (a parameter, a buffer, a saved input) together
 with the host tensor's stamp (version counter, storage pointer) when the copy was made or
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import transfers
+from . import ledger
 
 
 class DeviceTensor(torch.Tensor):
@@ -35,18 +36,43 @@ class DeviceTensor(torch.Tensor):
     `device_key` names the array's device (runtime.Device.key)."""
 
     @staticmethod
-    def __new__(cls, array, shape, dtype: torch.dtype, to_host: Callable[[Any], Any], device_key):
+    def __new__(
+        cls,
+        array,
+        shape,
+        dtype: torch.dtype,
+        to_host: Callable[[Any], Any],
+        device_key,
+        unpad: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ):
         tensor = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="cpu")
         tensor.array, tensor.device_key = array, device_key
-        tensor._to_host, tensor._host = to_host, None
+        tensor._to_host, tensor._unpad, tensor._host = to_host, unpad, None
         return tensor
+
+    @property
+    def padded_shape(self) -> tuple[int, ...] | None:
+        """The array's shape where it holds a bucket's padding around the values (else None)."""
+        return None if self._unpad is None else tuple(self.array.shape)
+
+    def with_padding(self, shape, unpad: Callable[[torch.Tensor], torch.Tensor]) -> DeviceTensor:
+        """This tensor's array as the values of `shape` that `unpad` cuts out of it: a
+        bucketed graph's saved activation, whose backward takes the padded array as it is."""
+        return DeviceTensor(self.array, shape, self.dtype, self._to_host, self.device_key, unpad)
+
+    def padded(self) -> DeviceTensor:
+        """The whole padded array as a tensor (for the next bucketed graph of the same bucket)."""
+        shape = tuple(self.array.shape)
+        return DeviceTensor(self.array, shape, self.dtype, self._to_host, self.device_key)
 
     def host(self) -> torch.Tensor:
         """The values as a plain CPU tensor (copied from the device on first use)."""
         if self._host is None:
             host = self._to_host(self.array)
-            transfers.add(
-                [((transfers.DEVICE_TO_HOST, "materialized"), host.numel() * host.element_size())]
+            if self._unpad is not None:
+                host = self._unpad(host)
+            ledger.add(
+                [((ledger.DEVICE_TO_HOST, "materialized"), host.numel() * host.element_size())]
             )
             self._host = host.reshape(self.shape)
         return self._host
@@ -55,9 +81,22 @@ class DeviceTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         if func in _SHARING and type(args[0]) is cls:  # autograd's detach of a saved tensor
             source = args[0]
-            return cls(source.array, source.shape, source.dtype, source._to_host, source.device_key)
+            return cls(
+                source.array,
+                source.shape,
+                source.dtype,
+                source._to_host,
+                source.device_key,
+                source._unpad,
+            )
         args, kwargs = torch.utils._pytree.tree_map_only(cls, cls.host, (args, kwargs or {}))
         return func(*args, **kwargs)
+
+    def numpy(self, *, force: bool = False):
+        return self.host().numpy(force=force)
+
+    def tolist(self):
+        return self.host().tolist()
 
     def __reduce_ex__(self, protocol):  # torch.save, pickle, deepcopy: the values
         return self.host().__reduce_ex__(protocol)

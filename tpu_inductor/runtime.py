@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from . import residency, transfers
+from . import ledger, residency
 from .exc import CompileError, DeviceError
 
 log = logging.getLogger(__name__)
@@ -450,22 +450,22 @@ class CompiledGraph:
         self._shardings = _argument_shardings(device, lowered)
         self.per_call = collections.Counter()  # what one steady-state call moves
         for slot, _, _ in self._per_call:
-            self.per_call[transfers.HOST_TO_DEVICE, "argument"] += sizes[slot]
+            self.per_call[ledger.HOST_TO_DEVICE, "argument"] += sizes[slot]
         if lowered.uses_rng:
-            self.per_call[transfers.HOST_TO_DEVICE, "argument"] += 8
+            self.per_call[ledger.HOST_TO_DEVICE, "argument"] += 8
         for r, kind in enumerate(kinds):
             if r not in self._kept:
                 spec = lowered.output_specs[r]
                 kind = "saved" if kind == "kept" else kind
-                self.per_call[transfers.DEVICE_TO_HOST, kind] += _nbytes(spec, spec.dtype)
-        self._per_call_entries = (*self.per_call.items(), (transfers.CALLS, 1))
+                self.per_call[ledger.DEVICE_TO_HOST, kind] += _nbytes(spec, spec.dtype)
+        self._per_call_entries = (*self.per_call.items(), (ledger.CALLS, 1))
         self.ledger = collections.Counter()  # every call of this graph, by (direction, kind)
 
     def transfer_summary(self) -> dict:
         """For compile records: what a steady-state call moves, what the first call moves
         besides (parameters and buffers sent to the device), and what stays there."""
         return {
-            "per_call": transfers.as_dict(self.per_call),
+            "per_call": ledger.as_dict(self.per_call),
             "resident_bytes": sum(self._resident_bytes),
             "saved_inputs_bytes": sum(entry[3] for entry in self._saved_inputs),
             "kept_on_device": len(self._kept),
@@ -489,7 +489,7 @@ class CompiledGraph:
             seed = torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32)
             arrays.insert(0, to_device(seed, shardings[-1]))
         results = self.executable.execute_sharded(arrays).disassemble_into_single_device_arrays()
-        transfers.add(self._per_call_entries, self.ledger)
+        ledger.add(self._per_call_entries, self.ledger)
         to_torch = self._transfer.to_torch
         outs = (
             [
@@ -561,7 +561,7 @@ class CompiledGraph:
                     residency.mirrors.put(value, key, array)
             arrays[slot] = array
         if sent:
-            transfers.add([((transfers.HOST_TO_DEVICE, "saved"), sent)], self.ledger)
+            ledger.add([((ledger.HOST_TO_DEVICE, "saved"), sent)], self.ledger)
 
     def _resident_arguments(self, args: list) -> Sequence[Any]:
         """The module's arguments with the parameters' arrays: sent again where they changed
@@ -618,8 +618,8 @@ class CompiledGraph:
             return array
         value = tensor if cast is None else tensor.to(cast)
         array = self._transfer.to_device(value, self._shardings[slot])
-        transfers.add(
-            [((transfers.HOST_TO_DEVICE, "parameter"), self._resident_bytes[index])], self.ledger
+        ledger.add(
+            [((ledger.HOST_TO_DEVICE, "parameter"), self._resident_bytes[index])], self.ledger
         )
         if key is not None and (not self._transfer.on_cpu or self._transfer.aliases(array, tensor)):
             residency.mirrors.put(tensor, key, array)
@@ -650,7 +650,7 @@ def _result_kinds(lowered, saved_outputs: frozenset[int]) -> list[str]:
 
 
 def _nbytes(spec, dtype: torch.dtype) -> int:
-    return transfers.nbytes(spec.shape, dtype.itemsize)
+    return ledger.nbytes(spec.shape, dtype.itemsize)
 
 
 def _argument_shardings(device: Device, lowered) -> tuple:

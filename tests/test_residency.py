@@ -1,0 +1,263 @@
+"""Data stays on the device: saved activations, parameters and written state do not round-trip.
+
+Every test runs on the zero-copy CPU device and on "cpu-copy", where every crossing is a copy
+as on an accelerator: a missed write-back or a stale device copy gives a wrong number there.
+The transfer ledger (tpu_inductor.transfers) counts bytes as an accelerator pays them.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+
+import tpu_inductor
+from tests import hf_zoo
+from tpu_inductor import bucketing, report
+from tpu_inductor.residency import DeviceTensor
+
+DEVICES = ["cpu", "cpu-copy"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles its own graphs: no recompile limit reached by the tests before it."""
+    torch._dynamo.reset()
+
+
+def _compile(fn, device: str, dynamic: bool = False):
+    """Sizes static unless asked: Dynamo would make a model's sizes dynamic once another test
+    ran the same code at other sizes (bucketed graphs are tested on their own below)."""
+    return torch.compile(fn, backend="tpu_inductor", dynamic=dynamic, options={"device": device})
+
+
+def _steady(step, calls: int = 2) -> dict:
+    """The ledger of the last of `calls` calls of `step()` (the first ones compile)."""
+    for _ in range(calls):
+        tpu_inductor.reset_transfers()
+        step()
+    return tpu_inductor.transfers()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_training_with_a_compiled_optimizer_step_keeps_state_on_the_device(name, device):
+    """20 AdamW steps equal eager's; in the steady state no parameter, optimizer state or saved
+    activation crosses to the device, and no saved activation comes back to the host."""
+    model, inputs = hf_zoo.build(name)
+    model.train()
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3, foreach=False)
+    forward, step = _compile(model, device), _compile(optimizer.step, device)
+    labels = inputs["input_ids"]
+    for i in range(20):
+        tpu_inductor.reset_transfers()
+        loss = forward(**inputs, labels=labels).loss
+        loss.backward()
+        step()
+        optimizer.zero_grad(set_to_none=True)
+        expected = reference(**inputs, labels=labels).loss
+        expected.backward()
+        reference_optimizer.step()
+        reference_optimizer.zero_grad(set_to_none=True)
+        torch.testing.assert_close(loss.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
+        if i >= 2:
+            moved = tpu_inductor.transfers()
+            assert moved["host_to_device"]["parameter"] == 0, moved
+            assert moved["host_to_device"]["saved"] == 0, moved
+            assert moved["device_to_host"]["saved"] == 0, moved
+            assert moved["device_to_host"]["materialized"] == 0, moved
+    # Adam divides by the root of tiny second moments: rounding differences in near-zero
+    # gradients (biases) move a weight by up to ~2e-5 in 20 steps, with an eager step as well.
+    for (n, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-4, msg=n)
+    state = optimizer.state_dict()["state"]  # current on the host after compiled steps
+    for index, q in enumerate(reference.parameters()):
+        expected = reference_optimizer.state[q]["exp_avg"]
+        torch.testing.assert_close(state[index]["exp_avg"], expected, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_saved_activations_stay_on_the_device_and_equal_eager(device):
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+    reference = copy.deepcopy(model)
+    compiled = _compile(model, device)
+    x = torch.randn(8, 16)
+
+    def step():
+        compiled(x).square().sum().backward()
+
+    moved = _steady(step)
+    reference(x).square().sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad / 2, q.grad)  # two backward calls accumulated
+    assert moved["host_to_device"]["saved"] == 0 and moved["device_to_host"]["saved"] == 0
+    assert moved["device_to_host"]["materialized"] == 0
+    # What crosses: x and the output's gradient in, the output and the gradients out.
+    grads = sum(p.numel() * 4 for p in model.parameters())
+    assert moved["host_to_device"]["argument"] == x.numel() * 4 + 8 * 4 * 4
+    assert moved["device_to_host"]["output"] == 8 * 4 * 4 + grads
+
+
+def _kept_on_device(output: torch.Tensor) -> list[DeviceTensor]:
+    """The saved activations of the compiled graph that made `output` that are DeviceTensors."""
+    node = output.grad_fn
+    while "CompiledFunction" not in type(node).__name__:
+        node = node.next_functions[0][0]
+    return [t for t in node.saved_tensors if type(t) is DeviceTensor]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_bucketed_graph_keeps_its_saved_activations_padded_on_the_device(device):
+    """Symbolic sizes, bucketed: the forward's saved activations stay padded on the device and
+    the backward of the same bucket takes them as they are (none crosses to the host)."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+    reference = copy.deepcopy(model)
+    compiled = _compile(model, device, dynamic=True)
+    for rows in (5, 7, 6):  # one pow2 bucket, 8
+        x = torch.randn(rows, 16)
+        model.zero_grad()
+        reference.zero_grad()
+        tpu_inductor.reset_transfers()
+        compiled(x).square().sum().backward()
+        moved = tpu_inductor.transfers()
+        reference(x).square().sum().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+        assert (
+            moved["device_to_host"]["saved"] == 0 and moved["device_to_host"]["materialized"] == 0
+        )
+        # What still crosses back: the padded copy of x the backward makes (x is returned by
+        # the forward as a saved input, sliced to its true size on the host).
+        assert moved["host_to_device"]["saved"] <= 8 * 16 * 4, moved
+    assert [b["buckets"] for b in bucketing.report() if b["symbols"]][-1]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_saved_activation_read_by_eager_code_gives_its_values(device):
+    """Eager code that reads a saved activation kept on the device gets its values (copied to
+    the host once, counted), and the backward that follows stays right."""
+    model = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 3))
+    reference = copy.deepcopy(model)
+    compiled = _compile(model, device)
+    x = torch.randn(5, 6)
+    out = compiled(x)
+    kept = _kept_on_device(out)
+    assert kept
+    tpu_inductor.reset_transfers()
+    expected_hidden = torch.tanh(reference[0](x))
+    assert any(torch.allclose(t * 1, expected_hidden, atol=1e-6) for t in kept)  # eager reads
+    moved = tpu_inductor.transfers()
+    assert moved["device_to_host"]["materialized"] == sum(t.numel() * 4 for t in kept)
+    out.sum().backward()  # the backward takes the arrays, not the host copies
+    reference(x).sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_a_device_tensor_reads_as_its_values():
+    compiled = _compile(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)), "cpu-copy")
+    kept = _kept_on_device(compiled(torch.randn(2, 3)))[0]
+    values = kept.host()
+    assert type(values) is torch.Tensor and values.shape == kept.shape
+    assert torch.equal(kept + 0, values) and torch.equal(kept.clone(), values)
+    buffer = io.BytesIO()
+    torch.save(kept, buffer)
+    buffer.seek(0)
+    assert torch.equal(torch.load(buffer), values)
+    assert "DeviceTensor(" in repr(kept)
+    assert (kept.numpy() == values.numpy()).all() and kept.tolist() == values.tolist()
+    assert kept.data_ptr() == 0  # no host memory to point at, never a stale address
+
+
+class _Stateful(nn.Module):
+    """Buffers written by the graph: batch-norm statistics and a cache written at a position."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+        self.norm = nn.BatchNorm1d(16)
+        self.register_buffer("cache", torch.zeros(6, 16))
+
+    def forward(self, x, position):
+        h = self.norm(self.linear(x))
+        self.cache.index_copy_(0, position, h[:1])
+        return h.sum(-1) + self.cache.sum()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_buffers_written_by_a_graph_are_current_and_not_sent_again(device):
+    model = _Stateful()
+    reference = copy.deepcopy(model)
+    compiled = _compile(model, device)
+    for step in range(5):
+        x, position = torch.randn(8, 16), torch.tensor([step])
+        tpu_inductor.reset_transfers()
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x, position), reference(x, position))
+        for (name, b), expected in zip(model.named_buffers(), reference.buffers()):
+            torch.testing.assert_close(b, expected, msg=name)  # read from eager code
+        moved = tpu_inductor.transfers()
+        if step:
+            assert moved["host_to_device"]["parameter"] == 0, moved
+        written = sum(b.numel() * b.element_size() for b in model.buffers())
+        assert moved["device_to_host"]["mutation"] == written
+    for (name, value), expected in zip(model.state_dict().items(), reference.state_dict().values()):
+        torch.testing.assert_close(value, expected, msg=name)
+    model.cache.zero_()  # an eager write: the next call must see it
+    reference.cache.zero_()
+    x, position = torch.randn(8, 16), torch.tensor([2])
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, position), reference(x, position))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_eager_write_to_a_parameter_is_sent_again(device):
+    model = nn.Linear(4, 4)
+    compiled = _compile(model, device)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        compiled(x)
+        model.weight.mul_(2)
+        tpu_inductor.reset_transfers()
+        torch.testing.assert_close(compiled(x), model(x))
+    assert tpu_inductor.transfers()["host_to_device"]["parameter"] == 4 * 4 * 4
+
+
+def test_the_static_cache_recipe_gives_eager_tokens_without_sending_the_cache(
+    tmp_path, monkeypatch
+):
+    """Hugging Face's documented recipe: mode="reduce-overhead", fullgraph, static cache
+    (torch.compile takes a mode or options, not both: the options come from the environment)."""
+    monkeypatch.setenv("TPU_INDUCTOR_DEVICE", "cpu-copy")
+    monkeypatch.setenv("TPU_INDUCTOR_DUMP_DIR", str(tmp_path))
+    model, inputs = hf_zoo.build("llama")
+    prompt = inputs["input_ids"][:1]
+    expected = model.generate(
+        prompt, max_new_tokens=6, do_sample=False, cache_implementation="static"
+    )
+    model.forward = torch.compile(
+        model.forward,
+        backend="tpu_inductor",
+        mode="reduce-overhead",
+        fullgraph=True,
+    )
+    model.generate(prompt, max_new_tokens=6, do_sample=False, cache_implementation="static")
+    tpu_inductor.reset_transfers()  # a second generate: the weights are on the device already
+    tokens = model.generate(
+        prompt, max_new_tokens=6, do_sample=False, cache_implementation="static"
+    )
+    assert torch.equal(tokens, expected)
+    moved = tpu_inductor.transfers()
+    # Each call writes the whole cache back to the host (the authoritative copy stays there);
+    # it is sent to the device once, when generate() makes it, never per decode step.
+    assert moved["calls"] == 6 and moved["host_to_device"]["argument"] < 1000  # token ids
+    assert 0 < moved["host_to_device"]["parameter"] < moved["device_to_host"]["mutation"] / 3
+    records = [json.loads(p.read_text()) for p in tmp_path.glob("*/compile.json")]
+    assert records and all(r["transfers"] is not None for r in records if r["status"] == "ok")
+    assert "transfers: per call to device" in report.explain(tmp_path)
