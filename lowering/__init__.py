@@ -7,7 +7,8 @@ Its public face, what the rest of tpu_inductor uses (nothing outside imports a s
 private names):
 
 - what is supported: `supported(node, platform)`, `computes(node)`, `takes_traced_scalars`,
-  `draws_random`, `rng_stream(node)` (what a random node's key folds in), `registered_ops()`, `core_aten_coverage()`, `register_lowering` (rules of one's own);
+  `draws_random`, `rng_stream(node)` (what a random node's key folds in), `registered_ops()`, `core_aten_coverage()`, `register_lowering` (rules of one's own),
+  `register_user_lowering` and `user_rules_fingerprint()` (users' rules, in the cache key);
 - what is missing: `missing_ops(gm, platform)`, `op_name(target)`, `source_line(node)`;
 - lower: `lower(gm, inputs, ...)` → `LoweredModule` (with `TensorSpec`, `OutputSlot`,
   `Shardings`), `flat_outputs(gm)`; `torch_mlir` is the second frontend;
@@ -21,9 +22,11 @@ from .registry import (
     core_aten_coverage,
     draws_random,
     register_lowering,
+    register_user_lowering,
     registered_ops,
     supported,
     takes_traced_scalars,
+    user_rules_fingerprint,
 )
 from .stablehlo import LoweredModule, OutputSlot, Shardings, TensorSpec, flat_outputs, lower
 
@@ -41,9 +44,11 @@ __all__ = [
     "missing_ops",
     "op_name",
     "register_lowering",
+    "register_user_lowering",
     "registered_ops",
     "rng_stream",
     "source_line",
     "supported",
     "takes_traced_scalars",
+    "user_rules_fingerprint",
 ]

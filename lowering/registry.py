@@ -9,12 +9,20 @@ registered with `platform="tpu"` overrides the portable rule on that platform on
 exists only once some other module defines it (Inductor's `prims.fma`, made when Inductor's
 prims are imported, which Dynamo does for the graphs that use it) is registered by its name,
 "prims.fma.default", and found by name.
+
+Users lower their own `torch.library` custom ops through `register_user_lowering` (exported as
+`tpu_inductor.register_lowering("namespace::op")`): the same table, with every built-in rule
+loaded first (a clash is an error at registration, not at the first compile), and each user
+rule's source in `user_rules_fingerprint()`, which the compile cache's key holds (an edited
+rule is a different program; our own rules are in the key through our package's sources).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
+import inspect
 from collections.abc import Callable, Iterable
 
 import torch
@@ -55,10 +63,13 @@ class Rule:
 
 
 _RULES: dict[OpOverload | str, dict[str | None, Rule]] = {}
+_USER_RULES: list[Rule] = []
 _loaded = False
 
 
 def _overloads(op) -> Iterable[OpOverload | str]:
+    if isinstance(op, str) and "::" in op:
+        return _named_overloads(op)
     if isinstance(op, (OpOverload, str)):
         return (op,)
     if isinstance(op, OpOverloadPacket):
@@ -79,21 +90,78 @@ def register_lowering(
     with data-dependent output shapes); the partitioner leaves the others to eager torch.
     """
 
+    overloads = [overload for op in ops for overload in _overloads(op)]
+
     def decorate(fn: Callable) -> Callable:
-        for op in ops:
-            for overload in _overloads(op):
-                by_platform = _RULES.setdefault(overload, {})
-                if platform in by_platform:
-                    other = by_platform[platform].fn
-                    raise RegistrationError(
-                        f"{overload} already has a lowering for platform {platform!r} "
-                        f"({other.__module__}.{other.__qualname__}); {fn.__module__}."
-                        f"{fn.__qualname__} would replace it. Remove one of them."
-                    )
-                by_platform[platform] = Rule(fn, overload, platform, needs_ctx, uses_rng, supports)
+        for overload in overloads:  # all checked before any is registered
+            other = _RULES.get(overload, {}).get(platform) or _RULES.get(str(overload), {}).get(
+                platform
+            )
+            if other is not None:
+                raise RegistrationError(
+                    f"{overload} already has a lowering for platform {platform!r} "
+                    f"({other.fn.__module__}.{other.fn.__qualname__}); {fn.__module__}."
+                    f"{fn.__qualname__} would replace it. Remove one of them."
+                )
+        for overload in overloads:
+            rule = Rule(fn, overload, platform, needs_ctx, uses_rng, supports)
+            _RULES.setdefault(overload, {})[platform] = rule
         return fn
 
     return decorate
+
+
+def _named_overloads(name: str) -> tuple[OpOverload | str, ...]:
+    """The overloads a name "namespace::op" or "namespace::op.overload" means: those of the op
+    defined now, else the name an op defined later will have ("namespace.op.default" unless
+    another overload is named)."""
+    namespace, _, rest = name.partition("::")
+    op, _, overload = rest.partition(".")
+    if not namespace or not op:
+        raise RegistrationError(
+            f"expected 'namespace::op' or 'namespace::op.overload', got {name!r}"
+        )
+    try:
+        packet = getattr(getattr(torch.ops, namespace), op)
+    except AttributeError:  # not defined yet: found by name once it is
+        return (f"{namespace}.{op}.{overload or 'default'}",)
+    if overload:
+        if overload not in packet.overloads():
+            raise RegistrationError(
+                f"{namespace}::{op} has no overload {overload!r}; it has {packet.overloads()}"
+            )
+        return (getattr(packet, overload),)
+    return _overloads(packet)
+
+
+def register_user_lowering(op, *, needs_ctx: bool = False, supports=None):
+    """`register_lowering` for a user's op (a torch.library custom op, by "namespace::op" or
+    the op object): every built-in rule is loaded first, so a clash with one fails here."""
+    load_rules()
+    register = register_lowering(op, needs_ctx=needs_ctx, supports=supports)
+
+    def decorate(fn: Callable) -> Callable:
+        register(fn)
+        _USER_RULES.append(Rule(fn, str(op), None, needs_ctx, False, supports))
+        return fn
+
+    return decorate
+
+
+def user_rules_fingerprint() -> str:
+    """A digest of the rules users registered (op, function and its source), "" for none."""
+    if not _USER_RULES:
+        return ""
+    digest = hashlib.sha256()
+    for rule in _USER_RULES:
+        try:
+            source = inspect.getsource(rule.fn)
+        except (OSError, TypeError):  # no source file (a REPL): its bytecode and constants
+            code = rule.fn.__code__
+            source = repr((code.co_code, code.co_consts, code.co_names))
+        name = f"{rule.fn.__module__}.{rule.fn.__qualname__}"
+        digest.update(f"{rule.op}\0{name}\0{rule.needs_ctx}\0{source}\0".encode())
+    return digest.hexdigest()
 
 
 def load_rules() -> None:

@@ -7,7 +7,15 @@ Importing this package is cheap and changes no global state; jax is imported on 
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "compiles", "precompile", "reset_transfers", "save_plans", "transfers"]
+__all__ = [
+    "__version__",
+    "compiles",
+    "precompile",
+    "register_lowering",
+    "reset_transfers",
+    "save_plans",
+    "transfers",
+]
 
 
 def compiles() -> int:
@@ -16,6 +24,17 @@ def compiles() -> int:
     from .runtime import stats
 
     return stats["pjrt_compiles"]
+
+
+def register_lowering(op, *, needs_ctx: bool = False, supports=None):
+    """Lower `op` (a torch.library custom op: "namespace::op", "namespace::op.overload" or the
+    op object) with the decorated jax function of its tensors (jax arrays) and other arguments,
+    `fn(ctx, ...)` with `needs_ctx` (ctx.out_dtype, ctx.out_shape: the node's result);
+    `supports(node)` may decline some calls. An op defined later is found by its name. The
+    rule's source is in the compile cache's key. README: "Lowering a custom op"."""
+    from .lowering import register_user_lowering
+
+    return register_user_lowering(op, needs_ctx=needs_ctx, supports=supports)
 
 
 def precompile(compiled_fn, example_inputs, dims, largest, shapes=None, progress=None):

@@ -97,11 +97,15 @@ def _sha256(text: str | bytes) -> str:
 
 
 def environment_entries(device) -> list[tuple[str, Any]]:
-    """Versions, source, PJRT platform and devices, XLA flags: what else changes the binary."""
+    """Versions, source (ours and the rules users registered), PJRT platform and devices, XLA
+    flags: what else changes the binary."""
+    from . import lowering
+
     client = device.client
     return [
         ("versions", _versions()),
         ("source", _source_digest()),
+        ("user_rules", lowering.user_rules_fingerprint()),
         ("pjrt", (client.platform, client.platform_version)),
         ("devices", (device.kind, len(client.devices()))),
         ("xla_flags", xla_flags()),

@@ -62,13 +62,44 @@ def report_missing(missing: dict[str, list[str]], options: Options) -> None:
                 if hops
                 else ""
             )
+            + _custom_ops_hint(missing)
             + "\nRemove options={'fallback': 'error'} to run them in eager torch (an AOT "
             "artifact cannot), or add rules for ATen ops (README: 'Adding a lowering rule')."
         )
     summary = ", ".join(f"{op} x{len(sites)}" for op, sites in sorted(missing.items()))
     log.warning(
-        "tpu_inductor: running ops without a lowering in eager torch (graph split): %s", summary
+        "tpu_inductor: running ops without a lowering in eager torch (graph split): %s%s",
+        summary,
+        _custom_ops_hint(missing),
     )
+
+
+def _custom_ops_hint(missing: dict[str, list[str]]) -> str:
+    """A line naming the custom ops (torch.library, not ATen's or prims') among `missing` and
+    the API that lowers them; "" for none."""
+    custom = list(dict.fromkeys(filter(None, map(_custom_op, sorted(missing)))))
+    if not custom:
+        return ""
+    return (
+        f"\nCustom ops without a rule: {', '.join(custom)}. Lower one with a jax function: "
+        f"@tpu_inductor.register_lowering({custom[0]!r}) (README: 'Lowering a custom op')."
+    )
+
+
+def _custom_op(name: str) -> str | None:
+    """The spelling "namespace::op" of a torch.library custom op's name ("ns.op.overload"),
+    None for other names (ATen, prims, higher-order ops, Python functions)."""
+    parts = name.split(".")
+    if len(parts) != 3 or parts[0] in ("aten", "prims", "torch", "higher_order"):
+        return None
+    namespace, op, overload = parts
+    try:
+        packet = getattr(getattr(torch.ops, namespace), op)
+    except AttributeError:  # a Python function's module.qualname
+        return None
+    if not isinstance(packet, torch._ops.OpOverloadPacket) or overload not in packet.overloads():
+        return None
+    return f"{namespace}::{op}" if overload == "default" else f"{namespace}::{op}.{overload}"
 
 
 def split(
