@@ -212,6 +212,20 @@ def scatter_reduce(x, d, index, src, reduce, *, include_self=True):
     return total / count
 
 
+@register_lowering(aten.index_reduce.default)
+def index_reduce(x, d, index, source, reduce, *, include_self=True):
+    """scatter_reduce with `index` spread over `source`'s other dims (as Inductor decomposes)."""
+
+    def reduce_1d(v, i, s):
+        axis = common.dim(d, v.ndim)
+        shape = [1] * s.ndim
+        shape[axis] = -1
+        spread = jnp.broadcast_to(i.reshape(shape), s.shape)
+        return scatter_reduce(v, axis, spread, s, reduce, include_self=include_self)
+
+    return _on_1d(reduce_1d, x, index, source)
+
+
 @register_lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor, needs_ctx=True)
 def masked_fill(ctx, x, mask, value):
     out = jnp.where(mask, cast(value, x.dtype), x)

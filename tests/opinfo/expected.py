@@ -96,18 +96,6 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
             "no lowering rule yet for aten._histogramdd_bin_edges.default aten._histogramdd_from_bin_cts.default aten._histogramdd_from_bin_tensors.default",
         ),
     },
-    "index_reduce.amax": {
-        "float32": ("unsupported", "no lowering rule yet for aten.index_reduce.default"),
-    },
-    "index_reduce.amin": {
-        "float32": ("unsupported", "no lowering rule yet for aten.index_reduce.default"),
-    },
-    "index_reduce.mean": {
-        "float32": ("unsupported", "no lowering rule yet for aten.index_reduce.default"),
-    },
-    "index_reduce.prod": {
-        "float32": ("unsupported", "no lowering rule yet for aten.index_reduce.default"),
-    },
     "item": {
         "float32": (
             "untraceable",
