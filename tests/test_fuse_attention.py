@@ -211,3 +211,24 @@ def test_hugging_face_eager_attention(name, attentions, causal, gqa):
     assert counts[True].get("causal_mask", 0) == causal, counts[True]
     assert counts[True].get("gqa_folded", 0) == gqa, counts[True]
     assert_same(logits[True], logits[False], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mask_shape", [None, (5, 7), (2, 1, 1, 7), (2, 4, 5, 7), (1, 1, 5, 7)])
+@pytest.mark.parametrize("kv_heads, diagonal", [(4, None), (2, 0), (1, 2), (2, None)])
+def test_op_lowering_against_its_kernels(mask_shape, kv_heads, diagonal):
+    """The op's lowering (grouped-query heads folded into K/V's, no repeat) and its backward's
+    against the eager kernels, for every mask layout and causal diagonal."""
+    from tests.helpers import check_against_eager
+    from tpu_inductor.attention_op import ops
+
+    q = torch.randn(2, 4, 5, 8)
+    k, v = torch.randn(2, kv_heads, 7, 8), torch.randn(2, kv_heads, 7, 3)
+    grad = torch.randn(2, 4, 5, 3)
+
+    def forward_and_backward(q, k, v, grad, *mask):
+        mask = mask[0] if mask else None
+        out, lse = ops.attention(q, k, v, mask, 0.3, diagonal)
+        return out, lse, *ops.attention_backward(grad, q, k, v, out, lse, mask, 0.3, diagonal)
+
+    masks = () if mask_shape is None else (torch.randn(mask_shape),)
+    check_against_eager(forward_and_backward, q, k, v, grad, *masks, rtol=1e-5, atol=1e-5)
