@@ -135,7 +135,8 @@ def test_empty_rows_stay_nan():
     for name, nan in (("where_mask", True), ("safe_softmax", False)):
         torch._dynamo.reset()
         fn = BY_NAME[name].fn
-        out = torch.compile(fn, backend="tpu_inductor", options={"cache": False})(q, k, v, keep)
+        options = {"cache": False, "fusion": {"attention": True}}
+        out = torch.compile(fn, backend="tpu_inductor", options=options)(q, k, v, keep)
         assert torch.isnan(out[..., 1, :]).all() == nan and not torch.isnan(out[..., 0, :]).any()
         assert_same(out, fn(q, k, v, keep))
 
@@ -172,9 +173,9 @@ def test_option_is_validated_and_in_the_cache_key():
     from tpu_inductor.config import Options
     from tpu_inductor.exc import OptionError
 
-    on, off = Options.from_user({}), Options.from_user({"fusion": {"attention": False}})
+    off, on = Options.from_user({}), Options.from_user({"fusion": {"attention": True}})
     assert pipeline.fingerprint(on) != pipeline.fingerprint(off)
-    assert on.cache_key_entries()["fusion"] == {"attention": True}
+    assert off.cache_key_entries()["fusion"] == {"attention": False}  # off by default
     with pytest.raises(OptionError, match="fusion"):
         Options.from_user({"fusion": {"attention": "yes"}})
     with pytest.raises(OptionError, match="attention"):
