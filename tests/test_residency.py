@@ -261,3 +261,17 @@ def test_the_static_cache_recipe_gives_eager_tokens_without_sending_the_cache(
     records = [json.loads(p.read_text()) for p in tmp_path.glob("*/compile.json")]
     assert records and all(r["transfers"] is not None for r in records if r["status"] == "ok")
     assert "transfers: per call to device" in report.explain(tmp_path)
+
+
+def test_saved_on_device_off_returns_saved_activations_to_the_host():
+    model = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 3))
+    compiled = torch.compile(
+        model, backend="tpu_inductor", options={"device": "cpu-copy", "saved_on_device": False}
+    )
+    out = compiled(torch.randn(5, 6))
+    assert not _kept_on_device(out)
+    tpu_inductor.reset_transfers()
+    out = compiled(torch.randn(5, 6))
+    out.sum().backward()
+    moved = tpu_inductor.transfers()
+    assert moved["device_to_host"]["saved"] > 0 and moved["host_to_device"]["saved"] > 0

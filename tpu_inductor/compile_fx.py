@@ -156,6 +156,12 @@ def _compile_whole(
     return sizes
 
 
+def _kept_roles(roles: runtime.GraphRoles | None, options: Options) -> runtime.GraphRoles:
+    """`roles`, with no saved output kept on the device under `saved_on_device=False`."""
+    roles = roles or runtime.GraphRoles()
+    return dataclasses.replace(roles, keep_saved=options.saved_on_device)
+
+
 def _concrete_signature(inputs: Sequence[Any]) -> tuple | None:
     """The input signature, or None while sizes are symbolic."""
     concrete = all(dispatch.is_concrete(v) for v in inputs)
@@ -177,10 +183,9 @@ class _Specializer:
         roles: runtime.GraphRoles | None = None,
     ):
         self.gm = gm
-        self.roles = roles or runtime.GraphRoles()
+        self.roles = _kept_roles(roles, options)
         # Saved activations kept on the device get module results of their own (not views).
-        kept = self.roles.saved_outputs if options.saved_on_device else ()
-        self._separate = frozenset(kept)
+        self._separate = frozenset(self.roles.saved_outputs if self.roles.keep_saved else ())
         self.options = options
         self.device = device
         self.static_inputs = tuple(static_inputs)
@@ -302,9 +307,6 @@ def _cached_compile(
     # written by this call, serves the next one (residency.mirrors).
     mutated = tuple(position for position, _ in lowered.mutations)
     static = tuple(dict.fromkeys((*static_inputs, *mutated))) if options.resident_params else ()
-    roles = roles or runtime.GraphRoles()
-    if not options.saved_on_device:
-        roles = dataclasses.replace(roles, saved_outputs=())
     return runtime.CompiledGraph(executable, lowered, device, static, graph_key, roles)
 
 
@@ -326,6 +328,7 @@ def load_cached(
     record = observer.record(dispatch.input_signature(example_inputs))
     record.cache["aot_autograd"] = "hit"
     record.cache["stages_skipped"] = "ATen graph and passes: nothing was traced in this process"
+    roles = _kept_roles(roles, options)
     compiled = _cached_compile(graph_key, options, device, static_inputs, record, None, roles)
     if compiled is None:
         record.status, record.error = "failed", "not in the compile cache: compiled again"

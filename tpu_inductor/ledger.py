@@ -61,10 +61,3 @@ def transfers() -> dict:
 def reset() -> None:
     """Start the process's ledger again from zero (a benchmark's steady state, a test)."""
     _process.clear()
-
-
-def nbytes(shape: Iterable[int], itemsize: int) -> int:
-    count = itemsize
-    for d in shape:
-        count *= int(d)
-    return count

@@ -371,12 +371,13 @@ class _Transfer:
 class GraphRoles:
     """What the caller's calling convention (AOTAutograd's) makes of a graph's inputs and
     outputs, by position: activations saved for the backward (a backward's inputs, a
-    forward's outputs), and mutated inputs whose version counter the caller bumps after the
-    call (as it does for a compiler that writes inputs in place)."""
+    forward's outputs), and mutated inputs whose version counter the caller bumps just before
+    the call (AOTAutograd does, for a compiler that writes inputs in place)."""
 
     saved_inputs: tuple[int, ...] = ()
     saved_outputs: tuple[int, ...] = ()
     bumped_inputs: tuple[int, ...] = ()
+    keep_saved: bool = True  # saved outputs stay on the device (option saved_on_device)
 
 
 class CompiledGraph:
@@ -384,7 +385,7 @@ class CompiledGraph:
 
     `roles` (GraphRoles): saved activations among its inputs (taken from the device where they
     are there) and outputs (returned as residency.DeviceTensor: they stay on the device), and
-    the mutated inputs whose version the caller bumps after the call.
+    the mutated inputs whose version the caller bumps just before the call.
     """
 
     def __init__(
@@ -405,7 +406,7 @@ class CompiledGraph:
         roles = roles or GraphRoles()
         saved_inputs, saved_outputs = roles.saved_inputs, frozenset(roles.saved_outputs)
         # Device copies shared between graphs (none over a mesh: their arrays are split).
-        self._mirror_key = None if device.mesh else device.key
+        self._mirror_key = self._transfer.key
         sizes = [
             _nbytes(spec, dtype)
             for spec, dtype in zip(lowered.input_specs, lowered.module_input_dtypes)
@@ -444,7 +445,9 @@ class CompiledGraph:
         # Module results that stay on the device: read by saved outputs only, as they are.
         kinds = _result_kinds(lowered, saved_outputs)
         self._kept = tuple(
-            r for r, kind in enumerate(kinds) if kind == "kept" and self._output_casts[r] is None
+            r
+            for r, kind in enumerate(kinds)
+            if kind == "kept" and self._output_casts[r] is None and roles.keep_saved
         )
         # Per module argument (the seed last), how it is split over a mesh; None: one device.
         self._shardings = _argument_shardings(device, lowered)
@@ -483,22 +486,13 @@ class CompiledGraph:
         if self._saved_inputs:
             self._saved_arguments(args, arrays)
         for slot, position in self._mirrored:
-            if not self._transfer.on_cpu or self._transfer.aliases(arrays[slot], args[position]):
-                residency.mirrors.put(args[position], self._mirror_key, arrays[slot])
+            self._publish(args[position], arrays[slot])
         if self.lowered.uses_rng:
             seed = torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32)
             arrays.insert(0, to_device(seed, shardings[-1]))
         results = self.executable.execute_sharded(arrays).disassemble_into_single_device_arrays()
         ledger.add(self._per_call_entries, self.ledger)
-        to_torch = self._transfer.to_torch
-        outs = (
-            [
-                to_torch(r[0]) if cast is None else to_torch(r[0]).to(cast)
-                for r, cast in zip(results, self._output_casts)
-            ]
-            if not self._kept
-            else self._outputs(results)
-        )
+        outs = self._outputs(results)
         for position, result in self.lowered.mutations:
             args[position].copy_(outs[result])
             if self._mirror_key is not None:
@@ -519,11 +513,14 @@ class CompiledGraph:
         """After a write-back: the device holds `tensor`'s new values (`array`), so no graph
         sends it again. On the CPU the mirror reads the tensor's own memory instead (a write
         that bypasses the version counter is seen there, as by every zero-copy argument)."""
-        if self._transfer.on_cpu:
-            array = self._transfer.to_device(tensor)
-            if not self._transfer.aliases(array, tensor):
-                return
-        residency.mirrors.put(tensor, self._mirror_key, array)
+        self._publish(tensor, self._transfer.to_device(tensor) if self._transfer.on_cpu else array)
+
+    def _publish(self, tensor: torch.Tensor, array) -> None:
+        """`array` holds `tensor`'s values on the device: a mirror for every graph. On the CPU
+        only an array that reads the tensor's own memory (a copy would miss writes that bypass
+        the version counter)."""
+        if not self._transfer.on_cpu or self._transfer.aliases(array, tensor):
+            residency.mirrors.put(tensor, self._mirror_key, array)
 
     def _outputs(self, results) -> list:
         """Module results as torch tensors; those kept on the device as DeviceTensors."""
@@ -558,7 +555,7 @@ class CompiledGraph:
                 )
                 sent += size
                 if key is not None and cast is None:
-                    residency.mirrors.put(value, key, array)
+                    self._publish(value, array)
             arrays[slot] = array
         if sent:
             ledger.add([((ledger.HOST_TO_DEVICE, "saved"), sent)], self.ledger)
@@ -621,8 +618,8 @@ class CompiledGraph:
         ledger.add(
             [((ledger.HOST_TO_DEVICE, "parameter"), self._resident_bytes[index])], self.ledger
         )
-        if key is not None and (not self._transfer.on_cpu or self._transfer.aliases(array, tensor)):
-            residency.mirrors.put(tensor, key, array)
+        if key is not None:
+            self._publish(tensor, array)
         return array
 
     def _forget_resident(self, state: _Resident) -> None:
@@ -650,7 +647,7 @@ def _result_kinds(lowered, saved_outputs: frozenset[int]) -> list[str]:
 
 
 def _nbytes(spec, dtype: torch.dtype) -> int:
-    return ledger.nbytes(spec.shape, dtype.itemsize)
+    return math.prod(spec.shape) * dtype.itemsize
 
 
 def _argument_shardings(device: Device, lowered) -> tuple:
