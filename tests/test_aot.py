@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -418,6 +419,22 @@ def test_a_graph_the_pass_cannot_prove_exact_gets_exact_buckets_with_the_pass_re
     aot.compile_model(_Sorted(), [aot.parse_input("x:float32[2,S]")], tmp_path, buckets={"S": (3,)})
     manifest = aot.read_manifest(tmp_path)
     assert "sort" in manifest["padding"]["refused"] and not manifest["entries"][0].get("padded")
+    x = torch.randn(2, 3)
+    assert_same(aot.load(tmp_path)(x), _Sorted()(x))
+
+
+def test_an_executable_pjrt_cannot_serialize_is_left_out_and_loading_compiles_it(
+    tmp_path, monkeypatch, caplog
+):
+    def refuse(executable, device):  # as XLA:CPU does for some sorts
+        raise RuntimeError("UNIMPLEMENTED: `LessThan` is not serializable.")
+
+    monkeypatch.setattr(runtime, "serialize_executable", refuse)
+    with caplog.at_level(logging.WARNING, logger="tpu_inductor.aot"):
+        aot.compile_model(_Sorted(), [aot.parse_input("x:float32[2,3]")], tmp_path)
+    assert "the executable is not stored" in caplog.text and "LessThan" in caplog.text
+    assert not list(tmp_path.rglob("executable.bin"))
+    assert aot.read_manifest(tmp_path)["entries"][0]["executable"] is None
     x = torch.randn(2, 3)
     assert_same(aot.load(tmp_path)(x), _Sorted()(x))
 

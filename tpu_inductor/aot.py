@@ -408,7 +408,17 @@ def _write_bucket(directory: Path, build: _Build, sizes, graph_inputs, lowered, 
         "module.stablehlo": _portable(lowered.bytecode),
     }
     if executable is not None:
-        files["executable.bin"] = runtime.serialize_executable(executable, build.device)
+        try:
+            files["executable.bin"] = runtime.serialize_executable(executable, build.device)
+        except Exception as e:  # PJRT cannot serialize some executables (XLA:CPU's sorts:
+            log.warning(  # "`LessThan` is not serializable"); the loader compiles the module
+                "tpu-inductor: bucket %s: the executable is not stored (%s: %s); the StableHLO "
+                "is, and loading the artifact compiles it",
+                directory.name,
+                type(e).__name__,
+                e,
+            )
+            executable = None
     for name, data in files.items():
         (directory / name).write_bytes(data)
     return {
