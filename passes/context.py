@@ -2,7 +2,7 @@
 
 The pipeline makes one per whole ATen graph, before partitioning: the lowering platform, the
 validated options, the input signature being compiled (None while sizes are symbolic), the
-device mesh and sharding plan (empty until sharding lands), one question passes may ask of the
+placements of inputs and outputs on a device mesh (annotate_sharding), one question passes may ask of the
 lowering, and the rewrite counters of this run.
 """
 
@@ -27,8 +27,8 @@ class PassContext:
     platform: str  # jax's lowering platform: "cpu", "cuda", "tpu"
     options: Any  # tpu_inductor.config.Options
     inputs: tuple | None = None  # the input signature being compiled; None: symbolic sizes
-    mesh: Any = None  # the device mesh, once sharding lands
-    plan: Any = None  # the sharding plan, once sharding lands
+    # Placements of graph inputs and outputs on a device mesh (annotate_sharding.SpecPlan)
+    plan: Any = None
     # Whether a node's lowering rule takes a traced 0-d value where the op has a scalar (the
     # one thing passes ask of the lowering; compile_fx passes lowering's answer in).
     takes_traced_scalars: Callable[[torch.fx.Node], bool] = _no_traced_scalars

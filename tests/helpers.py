@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -96,3 +97,11 @@ def grads_of(model: torch.nn.Module, loss: torch.Tensor) -> dict[str, torch.Tens
     model.zero_grad(set_to_none=True)
     loss.backward()
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def backend_error(expected: type, fn, *args) -> Exception:
+    """The error our backend raised inside Dynamo (which wraps it in BackendCompilerFailed)."""
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+        fn(*args)
+    assert isinstance(info.value.inner_exception, expected), info.value
+    return info.value.inner_exception

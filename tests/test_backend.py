@@ -23,7 +23,7 @@ from tpu_inductor.exc import (
     UnsupportedOpError,
 )
 
-from .helpers import assert_same, grads_of
+from .helpers import assert_same, backend_error, grads_of
 
 
 @pytest.fixture(autouse=True)
@@ -31,14 +31,6 @@ def _fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
-
-
-def _backend_error(expected: type, fn, *args) -> Exception:
-    """The error our backend raised inside Dynamo (which wraps it in BackendCompilerFailed)."""
-    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
-        fn(*args)
-    assert isinstance(info.value.inner_exception, expected), info.value
-    return info.value.inner_exception
 
 
 def _compile(fn, **options):
@@ -191,7 +183,7 @@ def test_eager_ops_of_a_split_graph_get_their_inputs_in_the_traced_layout(dynami
 
 def test_strict_mode_lists_missing_op_with_source_line():
     f = _compile(_uses_unsupported_op, fallback="error")
-    message = str(_backend_error(UnsupportedOpError, f, torch.randn(16)))
+    message = str(backend_error(UnsupportedOpError, f, torch.randn(16)))
     assert "tpu_inductor_test.unlowered.default (1x)" in message
     assert "test_backend.py" in message and "unlowered(x.cos() * 3)" in message
 
@@ -309,7 +301,7 @@ def test_higher_order_ops_are_named_as_such_when_refused():
     def f(x):
         return torch.cond(x.sum() > 0, lambda a: a.sin(), lambda a: a.cos(), (x,))
 
-    error = _backend_error(UnsupportedOpError, _compile(f, fallback="error"), torch.randn(3))
+    error = backend_error(UnsupportedOpError, _compile(f, fallback="error"), torch.randn(3))
     assert "torch.ops.higher_order.cond (1x)" in str(error)
     assert "torch.where can replace a torch.cond" in str(error)
 
@@ -526,7 +518,7 @@ def test_rule_with_wrong_dtype_names_node_and_source_line():
     def user_fn(x):
         return twice(x) + 1
 
-    error = _backend_error(LoweringError, _compile(user_fn), torch.randn(3))
+    error = backend_error(LoweringError, _compile(user_fn), torch.randn(3))
     assert "dtype int32, torch computes torch.float32" in str(error)
     assert "test_backend.py" in str(error) and "twice(x)" in str(error)
 
@@ -534,7 +526,7 @@ def test_rule_with_wrong_dtype_names_node_and_source_line():
 def test_mismatched_input_dtypes_are_named_when_a_result_dtype_is_wrong():
     """Eager rejects an int64 input to a float layer; the meta kernels do not, so the
     interpreter's dtype check is where it shows: the message names the inputs' dtypes."""
-    error = _backend_error(LoweringError, _compile(nn.Linear(4, 2)), torch.ones(3, 4).long())
+    error = backend_error(LoweringError, _compile(nn.Linear(4, 2)), torch.ones(3, 4).long())
     assert "from inputs of dtypes ['float32', 'int64', 'float32']" in str(error)
     assert "pass inputs of the dtype the model expects" in str(error)
 

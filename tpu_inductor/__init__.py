@@ -8,14 +8,31 @@ Importing this package is cheap and changes no global state; jax is imported on 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Mesh",
     "__version__",
     "compiles",
+    "mark_sharding",
     "precompile",
     "register_lowering",
     "reset_transfers",
     "save_plans",
+    "shard",
+    "sharding_plans",
     "transfers",
 ]
+
+# Sharding's user API (tpu_inductor.sharding), imported when first used.
+_SHARDING = ("Mesh", "shard", "mark_sharding")
+
+
+def __getattr__(name: str):
+    import importlib
+
+    if name in _SHARDING:
+        return getattr(importlib.import_module(".sharding", __name__), name)
+    if name == "sharding_plans":
+        return importlib.import_module(".sharding_plans", __name__)
+    raise AttributeError(f"module 'tpu_inductor' has no attribute {name!r}")
 
 
 def compiles() -> int:

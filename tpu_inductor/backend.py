@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from . import debug, decompositions
+from . import debug, decompositions, sharding
 from .config import Options
 from .exc import DeviceError
 
@@ -40,7 +40,17 @@ def tpu_inductor(
     from . import autograd_cache  # imports torch._inductor: not at module import
     from .compile_fx import compile_graph
 
-    use_autograd_cache = autograd_cache.enabled(gm, opts)
+    # AOTAutograd's graphs take the Dynamo graph's own parameters and buffers (an optimizer
+    # step's) first, in aot_module_simplified's order, then its inputs.
+    lifted = {
+        **dict(gm.named_parameters(remove_duplicate=False)),
+        **dict(gm.named_buffers(remove_duplicate=False)),
+    }
+    placed = [sharding.placement(v) for v in (*lifted.values(), *example_inputs)]
+    mesh = sharding.common_mesh(placed)
+    # AOTAutograd's cache key knows nothing of placements: a graph over a mesh skips it (our
+    # compile cache, whose key holds the mesh and specs, still serves it).
+    use_autograd_cache = autograd_cache.enabled(gm, opts) and mesh is None
     if use_autograd_cache:
         gm._backend_id = autograd_cache.backend_id(opts)
 
@@ -48,8 +58,15 @@ def tpu_inductor(
         def compile_one(fx_graph, inputs):
             static = _static_input_indices() if kind != "backward" else ()
             roles = _roles(kind, fx_graph)
+            placements = _placements(kind, fx_graph, mesh, placed)
             compiled = compile_graph(
-                fx_graph, inputs, opts, static_inputs=static, kind=kind, roles=roles
+                fx_graph,
+                inputs,
+                opts,
+                static_inputs=static,
+                kind=kind,
+                roles=roles,
+                placements=placements,
             )
             return (
                 autograd_cache.CachedGraph(compiled, kind, static, roles)
@@ -134,3 +151,33 @@ def _roles(kind: str, gm: torch.fx.GraphModule):
     outputs = len(gm.graph.output_node().args[0])
     saved = metadata.tensors_saved_for_backwards_slice.indices(outputs)
     return GraphRoles(saved_outputs=tuple(range(*saved)), bumped_inputs=bumped)
+
+
+def _placements(kind: str, gm: torch.fx.GraphModule, mesh, placed):
+    """The placements (sharding.placement) of the Dynamo graph's inputs, as the ATen graph's:
+    a forward's inputs are those inputs in order; a backward's outputs are their gradients, in
+    the same order, placed as they are. None without a mesh."""
+    if mesh is None:
+        return None
+    from .passes.annotate_sharding import SpecPlan
+
+    specs = {i: p.spec for i, p in enumerate(placed) if p is not None}
+    if kind == "backward":
+        count = len(gm.graph.output_node().args[0])
+        where, plan = "outputs", SpecPlan(mesh, outputs=specs)
+    else:
+        count = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+        where, plan = "inputs", SpecPlan(mesh, inputs=specs)
+    if count != len(placed):
+        log.warning(
+            "tpu_inductor: the %s graph has %d %s for the %d inputs Dynamo gave; the placements "
+            "of parameters and inputs are not applied to it (it runs on mesh %s with them whole "
+            "on every device)",
+            kind,
+            count,
+            where,
+            len(placed),
+            mesh,
+        )
+        return SpecPlan(mesh)
+    return plan

@@ -25,9 +25,20 @@ from typing import Any
 
 import torch
 
-from . import bucketing, cache, debug, dispatch, lowering, partition, runtime, serialize
+from . import (
+    bucketing,
+    cache,
+    collectives,
+    debug,
+    dispatch,
+    lowering,
+    partition,
+    runtime,
+    serialize,
+    sharding,
+)
 from .config import Options
-from .passes import bucket_shapes, pipeline, shapes
+from .passes import annotate_sharding, bucket_shapes, pipeline, shapes
 from .passes.context import PassContext
 
 log = logging.getLogger(__name__)
@@ -43,12 +54,14 @@ def compile_graph(
     static_inputs: Sequence[int] = (),
     kind: str = "graph",
     roles: runtime.GraphRoles | None = None,
+    placements: annotate_sharding.SpecPlan | None = None,
 ) -> Callable[[list], list]:
     """Compile an ATen graph; returns a boxed callable (takes a list of inputs).
 
     `kind` ("forward", "backward", "inference") names the graph in logs and compile records.
     `roles`: what AOTAutograd's calling convention makes of its inputs and outputs (saved
-    activations, mutated inputs whose version it bumps).
+    activations, mutated inputs whose version it bumps). `placements`: inputs and outputs
+    placed on a device mesh (the graph then runs on the mesh's devices).
     """
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -58,7 +71,10 @@ def compile_graph(
         device = runtime.select_device(options.device)
         observer = debug.GraphObserver(f"{kind}_{next(_graph_ids)}", options)
         observer.graph(f"aten_{kind}", gm)
-        gm = _passes(gm, example_inputs, options, device.lowering_platform, observer)
+        gm = _passes(gm, example_inputs, options, device.lowering_platform, observer, placements)
+        layout = gm.meta.get("sharding")
+        if layout is not None:
+            device = runtime.mesh_device(device.platform, layout.mesh.axes)
         missing = partition.missing(gm, options, device.lowering_platform)
         if not missing:
             return _compile_whole(
@@ -126,12 +142,15 @@ def compile_artifact_bucket(passed: tuple, inputs, options: Options, *, device, 
     return compiled.lowered, compiled.executable
 
 
-def _passes(gm, inputs, options: Options, platform: str, observer) -> torch.fx.GraphModule:
+def _passes(
+    gm, inputs, options: Options, platform: str, observer, placements=None
+) -> torch.fx.GraphModule:
     """Stage 1: the pass pipeline on the whole graph."""
     ctx = PassContext(
         platform=platform,
         options=options,
         inputs=_concrete_signature(inputs),
+        plan=placements,
         takes_traced_scalars=lambda node: lowering.takes_traced_scalars(node, platform),
         supported=lambda node: lowering.supported(node, platform),
     )
@@ -156,10 +175,14 @@ def _compile_whole(
     return sizes
 
 
-def _kept_roles(roles: runtime.GraphRoles | None, options: Options) -> runtime.GraphRoles:
-    """`roles`, with no saved output kept on the device under `saved_on_device=False`."""
+def _kept_roles(
+    roles: runtime.GraphRoles | None, options: Options, device: runtime.Device | None
+) -> runtime.GraphRoles:
+    """`roles`, with no saved output kept on the device under `saved_on_device=False`, nor
+    over a mesh (a kept result is one device's array)."""
     roles = roles or runtime.GraphRoles()
-    return dataclasses.replace(roles, keep_saved=options.saved_on_device)
+    mesh = device is not None and bool(device.mesh)
+    return dataclasses.replace(roles, keep_saved=options.saved_on_device and not mesh)
 
 
 def _concrete_signature(inputs: Sequence[Any]) -> tuple | None:
@@ -183,7 +206,7 @@ class _Specializer:
         roles: runtime.GraphRoles | None = None,
     ):
         self.gm = gm
-        self.roles = _kept_roles(roles, options)
+        self.roles = _kept_roles(roles, options, device)
         # Saved activations kept on the device get module results of their own (not views).
         self._separate = frozenset(self.roles.saved_outputs if self.roles.keep_saved else ())
         self.options = options
@@ -206,8 +229,9 @@ class _Specializer:
         signature = dispatch.input_signature(inputs)
         entries = [("graph", self.fingerprint), ("inputs", signature)]
         entries.append(("strides", dispatch.strides(inputs)))
-        if self.shardings is not None:
-            entries.append(("shardings", (self.shardings.axes, self.shardings.inputs)))
+        shardings = self._shardings_for(inputs)
+        if shardings is not None:
+            entries.append(("shardings", (shardings.axes, shardings.inputs)))
         if self._separate:
             entries.append(("separate_outputs", tuple(sorted(self._separate))))
         record = self.observer.record(signature, self.fingerprint)
@@ -221,8 +245,25 @@ class _Specializer:
             self.roles,
         )
         record.transfers = compiled.transfer_summary()
+        if shardings is not None:
+            record.communication = collectives.report(compiled.executable, self.device)
         debug.finish(record)
         return compiled
+
+    def _shardings_for(self, inputs) -> lowering.Shardings | None:
+        """How the module's tensor arguments are split: as given (an artifact's plan), by the
+        graph's placements (annotate_sharding), whole on every device of a mesh without them
+        (a region of a split graph), or None on one device."""
+        layout = self.gm.meta.get("sharding")
+        if self.shardings is not None or (layout is None and not getattr(self.device, "mesh", ())):
+            return self.shardings
+        mesh = layout.mesh if layout is not None else sharding.Mesh(self.device.axes)
+        specs = layout.inputs if layout is not None else {}
+        positions = [i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
+        for i in positions:
+            if i in specs:
+                sharding.check_spec(mesh, tuple(inputs[i].shape), specs[i], f"graph input {i}")
+        return lowering.Shardings(mesh.axes, tuple(specs.get(i, ()) for i in positions))
 
     def lower(self, inputs, scalars: frozenset[int], record: debug.CompileRecord):
         """Stages 3-4: the graph at the sizes of `inputs`, lowered."""
@@ -241,7 +282,7 @@ class _Specializer:
                 platform=platform,
                 x64=x64,
                 scalar_inputs=scalars,
-                shardings=self.shardings,
+                shardings=self._shardings_for(inputs),
                 separate_outputs=self._separate,
             )
 
@@ -328,7 +369,7 @@ def load_cached(
     record = observer.record(dispatch.input_signature(example_inputs))
     record.cache["aot_autograd"] = "hit"
     record.cache["stages_skipped"] = "ATen graph and passes: nothing was traced in this process"
-    roles = _kept_roles(roles, options)
+    roles = _kept_roles(roles, options, device)
     compiled = _cached_compile(graph_key, options, device, static_inputs, record, None, roles)
     if compiled is None:
         record.status, record.error = "failed", "not in the compile cache: compiled again"

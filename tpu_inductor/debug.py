@@ -86,6 +86,9 @@ class CompileRecord:
     bucketing: dict[str, Any] | None = None
     # What one call moves between host and device (runtime.CompiledGraph.transfer_summary).
     transfers: dict[str, Any] | None = None
+    # Over a device mesh: the collectives and per-device memory of the executable
+    # (collectives.report).
+    communication: dict[str, Any] | None = None
     error: str | None = None  # the last failure inside a stage (a recovered cache fault too)
     status: str = "compiling"  # then "ok" or "failed"
     dump_path: Path | None = None  # this record's dump folder, when dumping
@@ -410,6 +413,7 @@ def compile_summary(record: CompileRecord) -> dict[str, Any]:
         "pass_rewrites": record.passes,
         "bucketing": record.bucketing,
         "transfers": record.transfers,
+        "communication": record.communication,
         "fingerprint": record.fingerprint,
         "files": record.files,
     }

@@ -16,6 +16,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from . import collectives
+
 log = logging.getLogger(__name__)
 
 # Stage files embedded in the report are cut past this many characters (the link has it all).
@@ -108,6 +110,8 @@ def explain(dump_dir: str | Path, compiles: list[dict[str, Any]] | None = None) 
             )
         if c.get("transfers"):
             lines.append(f"    transfers: {transfer_line(c['transfers'])}")
+        if c.get("communication"):
+            lines.append(f"    communication: {collectives.line(c['communication'])}")
         if c["error"]:
             lines.append(f"    error: {c['error']}")
     fallback: dict[str, int] = collections.Counter()

@@ -331,10 +331,11 @@ class _Transfer:
             import jax
 
             shape = tuple(tensor.shape)
-            shards = [
-                jax.device_put(_numpy_copy(tensor[index]), device)
-                for device, index in sharding.devices_indices_map(shape).items()
-            ]
+            with _exact_dtypes():  # an int64 argument stays int64 (the module's dtype)
+                shards = [
+                    jax.device_put(_numpy_copy(tensor[index]), device)
+                    for device, index in sharding.devices_indices_map(shape).items()
+                ]
             return jax.make_array_from_single_device_arrays(shape, sharding, shards)
         if not tensor.is_contiguous():
             tensor = tensor.contiguous()
@@ -690,6 +691,17 @@ def _forget(graph_ref, state_ref) -> None:
     graph, state = graph_ref(), state_ref()
     if graph is not None and state is not None:
         graph._forget_resident(state)
+
+
+def _exact_dtypes():
+    """A scope in which jax keeps 64-bit host values 64-bit (it narrows them by default): the
+    arguments are already in the module's dtypes."""
+    import jax
+
+    enable_x64 = getattr(jax, "enable_x64", None)
+    if enable_x64 is None:  # older jax: the same State object, not yet re-exported
+        from jax._src.config import enable_x64
+    return enable_x64(True)
 
 
 def _numpy_copy(tensor: torch.Tensor):

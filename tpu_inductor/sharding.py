@@ -1,13 +1,23 @@
-"""Device meshes and sharding plans: which inputs are split over which mesh axes.
+"""Device meshes and where tensors live on them: the user-facing half of sharding.
 
-A mesh is named axes of devices (`data=4`, or `data=2,model=4`); a plan gives each input a
-partition spec: per dim, the mesh axis it is split over, or none. The lowering turns the plan
-into sharding annotations on the module's arguments, and XLA's SPMD partitioner (Shardy) splits
-the computation and inserts the collectives: nothing here schedules communication.
+A mesh is named axes of devices (`Mesh({"data": 2, "model": 4})`); a partition spec gives, per
+dim of a tensor, the mesh axis it is split over, or None. XLA's SPMD partitioner (Shardy)
+splits the computation and inserts the collectives: nothing here schedules communication.
 
-Used by the ahead-of-time compiler (`tpu-inductor compile --mesh data=8 [--shard x:data,-]`).
-Without `--shard`, every input is split over the mesh's first axis along its first dim (data
-parallelism) and weights are replicated.
+Under torch.compile:
+
+    mesh = tpu_inductor.Mesh({"data": 2, "model": 4})
+    tpu_inductor.shard(model, mesh, tpu_inductor.sharding_plans.tensor_parallel("model"))
+    tpu_inductor.mark_sharding(batch, mesh, ("data", None))    # an input, before the call
+    y = tpu_inductor.mark_sharding(y, mesh, ("data", None, "model"))  # inside compiled code
+
+`shard` and `mark_sharding` outside compiled code record each tensor's placement (`placement`);
+the backend gives the graph inputs theirs (passes/annotate_sharding.py). Inside compiled code
+`mark_sharding` is the `tpu_inductor::shard_as` op (sharding_op.py), a sharding constraint.
+
+The ahead-of-time compiler's plans (`tpu-inductor compile --mesh data=8 [--shard x:data,-]`)
+are `Plan`: without `--shard`, every input is split over the mesh's first axis along its first
+dim (data parallelism) and weights are replicated.
 """
 
 from __future__ import annotations
@@ -15,21 +25,50 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .exc import OptionError
 
 _AXIS = re.compile(r"^[A-Za-z_]\w*$")
 
+Spec = tuple[str | None, ...]
 
-@dataclasses.dataclass(frozen=True)
+
+@dataclasses.dataclass(frozen=True, init=False)
 class Mesh:
-    """Named mesh axes and their sizes, in order (devices are laid out row-major)."""
+    """Named mesh axes and their sizes, in order (devices are laid out row-major):
+    `Mesh({"data": 2, "model": 4})` or `Mesh((("data", 2), ("model", 4)))`."""
 
     axes: tuple[tuple[str, int], ...]
+
+    def __init__(self, axes: Mapping[str, int] | Sequence[tuple[str, int]]):
+        items = tuple(axes.items()) if isinstance(axes, Mapping) else tuple(map(tuple, axes))
+        for item in items:
+            name, size = item if len(item) == 2 else (item, None)
+            if not (isinstance(name, str) and _AXIS.match(name)) or type(size) is not int or size < 1:
+                raise OptionError(
+                    f"tpu_inductor: Mesh({axes!r}): each axis is a name and a positive size, "
+                    'e.g. Mesh({"data": 2, "model": 4}).'
+                )
+        names = [name for name, _ in items]
+        if not items or len(set(names)) != len(names):
+            raise OptionError(f"tpu_inductor: Mesh({axes!r}) needs axes, each named once.")
+        object.__setattr__(self, "axes", items)
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.axes)
+
+    @property
+    def size(self) -> int:
+        """How many devices the mesh spans."""
+        count = 1
+        for _, n in self.axes:
+            count *= n
+        return count
 
     def __str__(self) -> str:
         return ",".join(f"{name}={size}" for name, size in self.axes)
@@ -97,26 +136,112 @@ def partition_specs(
             f"tpu-inductor: --shard names {sorted(unknown)}, which are not inputs "
             f"({', '.join(inputs)})."
         )
-    sizes = dict(mesh.axes)
     specs = {}
     for name, shape in inputs.items():
-        default = (mesh.names[0],) if shape else ()
-        spec = shards.get(name, default)
-        where = f"input {name} (shape {list(shape)})"
-        if len(spec) > len(shape):
-            raise OptionError(f"tpu-inductor: --shard for {where} gives {len(spec)} dims.")
-        used = [axis for axis in spec if axis is not None]
-        if set(used) - set(sizes) or len(set(used)) != len(used):
-            raise OptionError(
-                f"tpu-inductor: the sharding {spec} of {where} must use axes of the mesh "
-                f"({mesh}), each at most once."
-            )
-        for dim, axis in enumerate(spec):
-            if axis is not None and shape[dim] % sizes[axis]:
-                raise OptionError(
-                    f"tpu-inductor: {where}: dim {dim} ({shape[dim]}) does not divide over mesh "
-                    f"axis {axis} ({sizes[axis]} devices). Choose sizes that divide, or keep "
-                    f"the dim whole with --shard {name}:{','.join('-' for _ in shape)}."
-                )
-        specs[name] = tuple(spec)
+        spec = tuple(shards.get(name, (mesh.names[0],) if shape else ()))
+        whole = f"keep the dim whole with --shard {name}:{','.join('-' for _ in shape)}"
+        check_spec(mesh, shape, spec, f"input {name}", whole, prefix="tpu-inductor")
+        specs[name] = spec
     return specs
+
+
+def check_spec(
+    mesh: Mesh,
+    shape: Sequence[int],
+    spec: Spec,
+    what: str,
+    whole: str = "keep the dim whole (None in its place)",
+    prefix: str = "tpu_inductor",
+) -> None:
+    """An OptionError naming `what` (its shape and the mesh) unless `spec` is a partition spec
+    of `shape` on `mesh`: at most one entry per dim, axes of the mesh used once each, and each
+    dividing the dim it splits (`whole`: how to keep a dim whole, for the message)."""
+    where = f"{what} (shape {list(shape)})"
+    if len(spec) > len(shape):
+        raise OptionError(
+            f"{prefix}: the sharding {spec} of {where} gives {len(spec)} dims; it has "
+            f"{len(shape)}."
+        )
+    sizes = dict(mesh.axes)
+    used = [axis for axis in spec if axis is not None]
+    if set(used) - set(sizes) or len(set(used)) != len(used):
+        raise OptionError(
+            f"{prefix}: the sharding {spec} of {where} must use axes of the mesh ({mesh}), each "
+            "at most once."
+        )
+    for dim, axis in enumerate(spec):
+        if axis is not None and isinstance(shape[dim], int) and shape[dim] % sizes[axis]:
+            raise OptionError(
+                f"{prefix}: {where}: dim {dim} ({shape[dim]}) does not divide over mesh axis "
+                f"{axis} ({sizes[axis]} devices) of mesh {mesh}. Choose sizes that divide, or "
+                f"{whole}."
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a tensor lives: split over `mesh` by `spec` (an empty spec: whole on every device)."""
+
+    mesh: Mesh
+    spec: Spec
+
+
+# The placements `shard` and `mark_sharding` gave tensors outside compiled code (not keeping
+# them alive): the backend reads the graph inputs' here.
+_placements: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def placement(tensor: Any) -> Placement | None:
+    """The placement given to `tensor` (a parameter, a buffer, an input), or None."""
+    return _placements.get(tensor) if isinstance(tensor, torch.Tensor) else None
+
+
+def shard(model: torch.nn.Module, mesh: Mesh, plan) -> torch.nn.Module:
+    """Place `model`'s parameters and buffers on `mesh` by `plan`, and return `model`.
+
+    `plan`: name globs → partition specs (`{"layers.*.mlp.up_proj.weight": ("model", None)}`),
+    module-name globs → TorchTitan-style styles (`{"layers.*.attn.q_proj": ColwiseParallel()}`),
+    or a ready-made plan (tpu_inductor.sharding_plans). Every entry must match something;
+    unmatched tensors stay whole on every device. Specs are checked against each tensor's
+    shape here, and the compile's cache key holds them."""
+    from . import sharding_plans
+
+    if not isinstance(mesh, Mesh):
+        raise OptionError(
+            f"tpu_inductor.shard: mesh is {mesh!r}; pass a tpu_inductor.Mesh, e.g. "
+            'Mesh({"data": 2, "model": 4}).'
+        )
+    tensors = dict(model.named_parameters())
+    tensors.update(model.named_buffers())
+    for name, spec in sharding_plans.resolve(model, mesh, plan).items():
+        tensor = tensors[name]
+        check_spec(mesh, tuple(tensor.shape), spec, f"parameter {name}")
+        _placements[tensor] = Placement(mesh, spec)
+    return model
+
+
+def mark_sharding(tensor: torch.Tensor, mesh: Mesh, spec: Sequence[str | None]) -> torch.Tensor:
+    """Split `tensor` over `mesh` by `spec` (per dim: a mesh axis or None).
+
+    Outside compiled code it records where a model input lives (the tensor is returned as it
+    is: mark each new batch before the call). Inside compiled code it is a sharding constraint
+    on the value it returns (use the result)."""
+    spec = tuple(spec)
+    check_spec(mesh, tuple(tensor.shape), spec, "the tensor given to mark_sharding")
+    if torch.compiler.is_compiling():
+        from .sharding_op import shard_as
+
+        return shard_as(tensor, mesh, spec)
+    _placements[tensor] = Placement(mesh, spec)
+    return tensor
+
+
+def common_mesh(placements: Sequence[Placement | None]) -> Mesh | None:
+    """The one mesh of `placements` (None: none placed); an OptionError for two meshes."""
+    meshes = {p.mesh for p in placements if p is not None}
+    if len(meshes) > 1:
+        raise OptionError(
+            f"tpu_inductor: one compiled graph reads tensors placed on different meshes "
+            f"({', '.join(sorted(map(str, meshes)))}); place them all on one mesh."
+        )
+    return next(iter(meshes), None)

@@ -1,0 +1,122 @@
+"""Sharded training under torch.compile, run in a process of its own (the device count is fixed
+when jax starts): `python -m tests.sharding_run MODEL PLAN... --steps N --dump DIR`.
+
+Sets XLA_FLAGS for 8 virtual CPU devices before jax loads, trains the zoo model MODEL (a
+compiled forward and backward, a compiled AdamW step) on one device and then under each PLAN,
+and prints one JSON line per plan: each step's loss, the largest relative difference of the
+losses and the parameters from the one-device run, the PJRT compiles after the first step, and
+the compile records' communication reports (forward and backward) from the dump folder.
+
+Plans: dp (batch over data=8), fsdp (parameters and batch over data=8), tp (tensor parallel
+over model=8), tp_dp (tensor parallel over model=4, batch over data=2), ep (experts over
+expert=8, for an MoE model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import torch  # noqa: E402
+
+import tpu_inductor  # noqa: E402
+from tpu_inductor import report, sharding_plans  # noqa: E402
+
+from . import hf_zoo  # noqa: E402
+
+SIZE = hf_zoo.Size(batch=8)
+
+
+def _plans():
+    mesh = tpu_inductor.Mesh
+    return {
+        "dp": (mesh({"data": 8}), {}, ("data", None)),
+        "fsdp": (mesh({"data": 8}), sharding_plans.fsdp("data"), ("data", None)),
+        "tp": (mesh({"model": 8}), sharding_plans.tensor_parallel("model"), ()),
+        "tp_dp": (
+            mesh({"data": 2, "model": 4}),
+            sharding_plans.tensor_parallel("model"),
+            ("data", None),
+        ),
+        "ep": (mesh({"expert": 8}), sharding_plans.expert_parallel("expert"), ()),
+    }
+
+
+def train(model, inputs, steps: int, placed=None, options=None):
+    """(losses, the model after `steps` AdamW steps, PJRT compiles after the first step)."""
+    torch._dynamo.reset()
+    inputs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    if placed is not None:
+        mesh, plan, input_spec = placed
+        tpu_inductor.shard(model, mesh, plan)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    forward = torch.compile(model, backend="tpu_inductor", options=options)
+    step = torch.compile(optimizer.step, backend="tpu_inductor", options=options)
+    losses, compiles_after_first = [], 0
+    for i in range(steps):
+        if placed is not None and input_spec:
+            tpu_inductor.mark_sharding(inputs["input_ids"], mesh, input_spec)
+        loss = forward(**inputs, labels=inputs["input_ids"]).loss
+        loss.backward()
+        step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        if i == 0:
+            compiles_after_first = tpu_inductor.compiles()
+    return losses, model, tpu_inductor.compiles() - compiles_after_first
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("plans", nargs="+")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--dump", required=True)
+    args = parser.parse_args(argv)
+    model, inputs = hf_zoo.build(args.model, SIZE)
+    model.train()
+    reference_losses, reference, _ = train(copy.deepcopy(model), inputs, args.steps)
+    for name in args.plans:
+        dump = Path(args.dump) / name
+        options = {"dump_dir": str(dump)}
+        losses, trained, recompiles = train(
+            copy.deepcopy(model), inputs, args.steps, _plans()[name], options
+        )
+        loss_diff = max(abs(a - b) / abs(b) for a, b in zip(losses, reference_losses))
+        param_diff = max(
+            _relative(p.detach(), q.detach())
+            for p, q in zip(trained.parameters(), reference.parameters())
+        )
+        graphs = {}
+        for c in report.load_run(dump):
+            if c.get("communication"):
+                graphs[c["graph"]] = c["communication"]
+        print(
+            json.dumps(
+                {
+                    "plan": name,
+                    "losses": losses,
+                    "loss_rel_diff": loss_diff,
+                    "param_rel_diff": param_diff,
+                    "compiles_after_first_step": recompiles,
+                    "communication": graphs,
+                    "parameter_bytes": sum(p.numel() * 4 for p in model.parameters()),
+                }
+            ),
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

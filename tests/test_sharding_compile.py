@@ -1,0 +1,191 @@
+"""Sharding under torch.compile: plans, marks and their errors here; sharded training on 8
+virtual CPU devices in subprocesses (tests/sharding_run.py: the device count is fixed when jax
+starts), compared with the one-device run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import tpu_inductor
+from tpu_inductor import sharding, sharding_plans
+from tpu_inductor.exc import DeviceError, OptionError
+from tpu_inductor.sharding_plans import ColwiseParallel, RowwiseParallel
+
+from . import hf_zoo
+from .helpers import backend_error
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(model: str, plans: list[str], tmp_path, steps: int) -> dict[str, dict]:
+    command = [sys.executable, "-m", "tests.sharding_run", model, *plans]
+    command += ["--steps", str(steps), "--dump", str(tmp_path)]
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    done = subprocess.run(command, cwd=_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return {row["plan"]: row for row in rows}
+
+
+def _collectives(row: dict, graph_kind: str) -> dict:
+    (found,) = [c for name, c in row["communication"].items() if name.startswith(graph_kind)]
+    return found
+
+
+@pytest.mark.parametrize("model", ["llama", "gpt2"])
+def test_sharded_training_equals_one_device_with_the_collectives_each_plan_implies(
+    model, tmp_path
+):
+    rows = _run(model, ["dp", "fsdp", "tp", "tp_dp"], tmp_path, steps=20)
+    layers = hf_zoo.TINY.layers
+    for plan, row in rows.items():
+        assert row["loss_rel_diff"] < 1e-5, (plan, row["losses"])
+        # Adam divides by the root of tiny second moments: reduction-order differences in
+        # near-zero gradients move a weight by ~1e-5 of the largest in 20 steps.
+        assert row["param_rel_diff"] < 1e-3, plan
+        assert row["compiles_after_first_step"] == 0, plan
+    total = rows["dp"]["parameter_bytes"]
+    # Data parallel: every device holds every weight; FSDP: about an eighth of them (the
+    # small ones stay whole), gathered in the forward, gradients reduced in the backward.
+    assert _collectives(rows["dp"], "forward")["per_device_bytes"]["arguments"] >= total
+    fsdp_forward = _collectives(rows["fsdp"], "forward")
+    assert fsdp_forward["per_device_bytes"]["arguments"] < total / 3
+    assert fsdp_forward["collectives"]["all-gather"]["count"] > 0
+    fsdp_backward = _collectives(rows["fsdp"], "backward")["collectives"]
+    assert "reduce-scatter" in fsdp_backward or "all-reduce" in fsdp_backward
+    # Tensor parallel: the row-parallel projections (attention's output, the MLP's down) each
+    # end in an all-reduce of their partial sums, at least one per block and one per MLP.
+    for plan in ("tp", "tp_dp"):
+        forward = _collectives(rows[plan], "forward")
+        assert forward["collectives"]["all-reduce"]["count"] >= 2 * layers, plan
+        assert forward["per_device_bytes"]["arguments"] < total, plan
+
+
+def test_a_model_placed_by_name_globs_and_styles_trains_as_on_one_device(tmp_path):
+    code = f"""
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import copy, json, torch, torch.nn as nn
+import tpu_inductor
+from tpu_inductor.sharding_plans import ColwiseParallel, RowwiseParallel
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+reference = copy.deepcopy(model)
+mesh = tpu_inductor.Mesh({{"data": 2, "model": 4}})
+tpu_inductor.shard(model, mesh, {{"0": ColwiseParallel("model"), "2.weight": (None, "model")}})
+compiled = torch.compile(model, backend="tpu_inductor", options={{"dump_dir": {str(tmp_path)!r}}})
+x = torch.randn(8, 16)
+tpu_inductor.mark_sharding(x, mesh, ("data", None))
+compiled(x).square().sum().backward()
+reference(x).square().sum().backward()
+print(json.dumps([((p.grad - q.grad).abs().max() / q.grad.abs().max()).item()
+                  for p, q in zip(model.parameters(), reference.parameters())]))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=_ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert max(json.loads(done.stdout.splitlines()[-1])) < 1e-6
+    from tpu_inductor import report
+
+    text = report.explain(tmp_path)
+    assert "communication: mesh {'data': 2, 'model': 4}: all-reduce" in text
+
+
+def test_mark_sharding_inside_compiled_code_is_a_constraint_with_a_gradient(tmp_path):
+    code = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import json, torch, tpu_inductor
+mesh = tpu_inductor.Mesh({"data": 8})
+def f(x, w):
+    h = tpu_inductor.mark_sharding(x @ w, mesh, ("data", None))
+    return torch.tanh(h).sum()
+x, w = torch.randn(16, 8), torch.randn(8, 4, requires_grad=True)
+compiled = torch.compile(f, backend="tpu_inductor")
+loss = compiled(x, w); loss.backward()
+grad = w.grad.clone(); w.grad = None
+expected = f(x, w); expected.backward()
+print(json.dumps([abs(loss.item() - expected.item()), (grad - w.grad).abs().max().item()]))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=_ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert max(json.loads(done.stdout.splitlines()[-1])) < 1e-5
+
+
+# Errors: each names the tensor, its shape and the mesh (no devices needed).
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(16, 12), nn.GELU(), nn.Linear(12, 8))
+
+
+def test_a_spec_that_does_not_divide_names_the_parameter_its_shape_and_the_mesh():
+    mesh = tpu_inductor.Mesh({"data": 2, "model": 8})
+    with pytest.raises(OptionError, match=r"parameter 0.weight \(shape \[12, 16\]\): dim 0 \(12\) "
+                       r"does not divide over mesh axis model \(8 devices\) of mesh data=2,model=8"):
+        tpu_inductor.shard(_mlp(), mesh, {"0.weight": ("model", None)})
+
+
+def test_an_unknown_axis_and_an_entry_matching_nothing_are_named():
+    mesh = tpu_inductor.Mesh({"data": 2})
+    with pytest.raises(OptionError, match=r"sharding \('model',\) of parameter 0.weight .* must "
+                       r"use axes of the mesh \(data=2\)"):
+        tpu_inductor.shard(_mlp(), mesh, {"0.weight": ("model",)})
+    with pytest.raises(OptionError, match=r"plan entry 'layers\.\*\.q_proj\.weight' matches no "
+                       r"parameter or buffer of Sequential"):
+        tpu_inductor.shard(_mlp(), mesh, {"layers.*.q_proj.weight": ("data",)})
+    with pytest.raises(OptionError, match=r"tensor_parallel\('model'\): mesh data=2 has no axis"):
+        tpu_inductor.shard(_mlp(), mesh, sharding_plans.tensor_parallel("model"))
+    with pytest.raises(OptionError, match=r"plan style 3 is not one of ColwiseParallel"):
+        tpu_inductor.shard(_mlp(), mesh, {"0": 3})
+    for bad in ({"data": 0}, {}, {"1x": 2}, {"data": 2.0}):
+        with pytest.raises(OptionError, match="Mesh"):
+            tpu_inductor.Mesh(bad)
+
+
+def test_a_mesh_larger_than_the_devices_present_says_how_to_get_them():
+    torch._dynamo.reset()
+    model = _mlp()
+    mesh = tpu_inductor.Mesh({"data": 4096})
+    x = torch.randn(4096, 16)
+    tpu_inductor.mark_sharding(x, mesh, ("data", None))
+    error = backend_error(DeviceError, torch.compile(model, backend="tpu_inductor"), x)
+    assert "a mesh of 4096 devices ({'data': 4096}) needs 4096 cpu devices" in str(error)
+    assert "xla_force_host_platform_device_count=4096" in str(error)
+
+
+def test_plans_resolve_to_the_specs_they_promise():
+    model, _ = hf_zoo.build("llama")
+    mesh = tpu_inductor.Mesh({"data": 2, "model": 4})
+    specs = sharding_plans.resolve(model, mesh, sharding_plans.tensor_parallel("model"))
+    block = "model.layers.0"
+    assert specs[f"{block}.self_attn.q_proj.weight"] == ("model", None)
+    assert specs[f"{block}.self_attn.o_proj.weight"] == (None, "model")
+    assert specs[f"{block}.mlp.down_proj.weight"] == (None, "model")
+    assert "model.embed_tokens.weight" not in specs
+    gpt2, _ = hf_zoo.build("gpt2")
+    specs = sharding_plans.resolve(gpt2, mesh, sharding_plans.tensor_parallel("model"))
+    assert specs["transformer.h.0.attn.c_attn.weight"] == (None, "model")  # Conv1D: [in, out]
+    assert specs["transformer.h.0.attn.c_attn.bias"] == ("model",)
+    assert specs["transformer.h.0.mlp.c_proj.weight"] == ("model", None)
+    both = sharding_plans.combine(sharding_plans.tensor_parallel("model"), sharding_plans.fsdp("data"))
+    merged = sharding_plans.resolve(model, mesh, both)
+    assert merged[f"{block}.self_attn.q_proj.weight"] == ("model", "data")
+    assert merged["model.embed_tokens.weight"] == ("data",)
+    styles = {"0": ColwiseParallel("model"), "2": RowwiseParallel("model")}
+    assert sharding_plans.resolve(_mlp(), mesh, styles) == {
+        "0.weight": ("model", None),
+        "0.bias": ("model",),
+        "2.weight": (None, "model"),
+    }
+    assert sharding.placement(torch.ones(2)) is None
