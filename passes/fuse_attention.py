@@ -21,7 +21,9 @@ are neither float biases nor -inf / finfo.min fills.
 
 Preserves: every result (the op computes what the nodes it replaces did, in float32; a
 written-out softmax over a row of -inf stays NaN), `node.meta["val"]` (new nodes get theirs
-from the op's fake kernel) and the random streams (no random op is touched).
+from the op's fake kernel), the layout of each replaced result (a view after it may rely on
+its strides: the op's contiguous result is permuted into the replaced one's, `_keep_layout`)
+and the random streams (no random op is touched).
 """
 
 from __future__ import annotations
@@ -65,25 +67,56 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
     return gm
 
 
-def _insert(before: torch.fx.Node, target, args) -> torch.fx.Node:
+def _insert(before: torch.fx.Node, target, args, kwargs=None) -> torch.fx.Node:
     """A call of `target` before `before`, its meta["val"] from the fake values of its args."""
     graph = before.graph
     with graph.inserting_before(before):
-        node = graph.call_function(target, tuple(args))
+        node = graph.call_function(target, tuple(args), kwargs)
     vals = torch.fx.node.map_arg(node.args, lambda n: n.meta["val"])
     mode = torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
     with mode if mode is not None else torch._subclasses.fake_tensor.unset_fake_temporarily():
-        node.meta["val"] = target(*vals)
+        node.meta["val"] = target(*vals, **node.kwargs)
     node.meta["stack_trace"] = before.meta.get("stack_trace")
     return node
 
 
 def _replace(old: torch.fx.Node, target, args, counts, ctx: PassContext) -> None:
-    """`old`'s uses read a new call of `target`; the rewrite's counts go to `ctx.rewrites`."""
+    """`old`'s uses read a new call of `target`, each result in the layout `old`'s had; the
+    rewrite's counts go to `ctx.rewrites`."""
     new = _insert(old, target, args)
+    was = old.meta["val"]
     old.replace_all_uses_with(new)
+    if isinstance(was, torch.Tensor):
+        _keep_layout(new, was)
+    else:  # a node of several results is read through getitem
+        for user in list(new.users):
+            if user.target is operator.getitem:
+                user.meta["val"] = new.meta["val"][user.args[1]]
+                _keep_layout(user, was[user.args[1]])
     for what in counts:
         ctx.rewrites[what] += 1
+
+
+def _keep_layout(node: torch.fx.Node, like: torch.Tensor) -> None:
+    """`node`'s users read its value in `like`'s layout where the two differ: a view after the
+    replaced node may rely on its strides (the CPU SDPA kernels return [B, L, H, D]-strided
+    results; the op, contiguous ones), and a graph with symbolic sizes has its strides derived
+    again per size (passes/shapes.py), where such a view is refused.
+
+        x -> permute(clone(permute(x, order)), inverse)   # the values unchanged
+    """
+    order = list(like.dim_order())
+    if list(node.meta["val"].dim_order()) == order:
+        return
+    users, after = list(node.users), node.next
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    physical = _insert(after, aten.permute.default, (node, order))
+    dense = _insert(
+        after, aten.clone.default, (physical,), {"memory_format": torch.contiguous_format}
+    )
+    logical = _insert(after, aten.permute.default, (dense, inverse))
+    for user in users:
+        user.replace_input_with(node, logical)
 
 
 # --- SDPA ----------------------------------------------------------------------------------

@@ -214,6 +214,35 @@ def test_hugging_face_eager_attention(name, attentions, causal, gqa):
     assert_same(logits[True], logits[False], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_llama_symbolic_lengths(training):
+    """Llama (SDPA attention) with the fusion on at symbolic lengths, two of them, bucketed:
+    the op's results keep the [B, L, H, D] strides of the CPU SDPA kernels they replace, which
+    the model's later views rely on when the graph's sizes are made concrete (passes/shapes.py
+    refused them); logits, loss and every gradient equal eager torch's."""
+    from tests import hf_zoo
+    from tests.helpers import grads_of
+
+    model, _ = hf_zoo.build("llama")
+    torch._dynamo.reset()
+    options = {"cache": False, "fallback": "error", "fusion": {"attention": True}}
+    compiled = torch.compile(model, backend="tpu_inductor", options=options, dynamic=True)
+    before = collections.Counter(pipeline.counters)
+    g = torch.Generator().manual_seed(2)
+    for length in (8, 11):
+        ids = torch.randint(0, hf_zoo.VOCAB, (2, length), generator=g)
+        with torch.set_grad_enabled(training):
+            out, expected = (
+                m(input_ids=ids, labels=ids, use_cache=False) for m in (compiled, model)
+            )
+        assert_same(out.logits, expected.logits)
+        if training:
+            assert_same(grads_of(model, out.loss), grads_of(model, expected.loss))
+    rewrites = _rewrites_since(before)
+    assert rewrites.get("sdpa_forward", 0) >= 2, rewrites  # both layers, in every compile
+    assert (rewrites.get("sdpa_backward", 0) >= 2) == training, rewrites
+
+
 @pytest.mark.parametrize("mask_shape", [None, (5, 7), (2, 1, 1, 7), (2, 4, 5, 7), (1, 1, 5, 7)])
 @pytest.mark.parametrize("kv_heads, diagonal", [(4, None), (2, 0), (1, 2), (2, None)])
 def test_op_lowering_against_its_kernels(mask_shape, kv_heads, diagonal):

@@ -107,7 +107,7 @@ def attention_backward(
 
 @attention_backward.register_fake
 def _attention_backward_fake(grad, q, k, v, out, lse, mask, scale, causal_diagonal=None):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous
 
 
 def _sum_groups(grad: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
