@@ -72,13 +72,15 @@ def concretize(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> torch.fx.Grap
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
     copy = torch.fx.GraphModule(gm, deepcopy(gm.graph))  # nodes copied, their meta shallowly
+    placeholders = [n for n in copy.graph.nodes if n.op == "placeholder"]
+    strides = _traced_strides(placeholders, inputs)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode:  # real or fake inputs alike: only their sizes, strides and dtypes matter
         fakes = [
-            torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
+            torch.empty_strided(v.shape, stride, dtype=v.dtype, device=v.device)
             if isinstance(v, torch.Tensor)
             else v
-            for v in inputs
+            for v, stride in zip(inputs, strides)
         ]
     try:
         FakeTensorProp(copy, mode).propagate_dont_convert_inputs(*fakes)
@@ -89,6 +91,52 @@ def concretize(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> torch.fx.Grap
             "Compile with static shapes (torch.compile(..., dynamic=False)) or report the graph."
         ) from e
     return copy
+
+
+def _traced_strides(placeholders: list[torch.fx.Node], inputs: Sequence[Any]) -> list:
+    """Each tensor input's strides, in the dim order the trace laid it out. A saved activation
+    kept on the device comes back dense, where the graph may have it as a view in another
+    order: `a.t()` saved as [k, m] with strides (1, k) arrives as (m, 1), which a meta kernel
+    may refuse (`_grouped_mm`'s, when m is odd). Such an input gets dense strides in the
+    traced order (what a static graph is lowered with); one in the traced order keeps its own."""
+    strides = []
+    for node, value in zip(placeholders, inputs):
+        val = node.meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            strides.append(None)
+            continue
+        traced = _hints(val.stride()) if isinstance(val, torch.Tensor) else None
+        shape = tuple(value.shape)
+        if traced is None or len(traced) != len(shape):
+            strides.append(value.stride())
+            continue
+        order = _dim_order(traced, shape)
+        if order == _dim_order(value.stride(), shape):
+            strides.append(value.stride())
+            continue
+        dense, step = [0] * len(shape), 1
+        for d in reversed(sorted(range(len(shape)), key=lambda d: (-traced[d], d))):
+            dense[d], step = step, step * max(shape[d], 1)
+        strides.append(tuple(dense))
+    return strides
+
+
+def _hints(values) -> tuple[int, ...] | None:
+    """Ints for sizes or strides, symbols by the value they had when traced (None: unknown)."""
+    out = []
+    for v in values:
+        hint = v.node.hint if isinstance(v, torch.SymInt) else v
+        if hint is None:
+            return None
+        out.append(int(hint))
+    return tuple(out)
+
+
+def _dim_order(strides, shape) -> tuple[int, ...]:
+    """The dims of more than one element, outermost (largest stride) first."""
+    return tuple(
+        sorted((d for d in range(len(shape)) if shape[d] > 1), key=lambda d: (-strides[d], d))
+    )
 
 
 def value_only_integer_nodes(gm: torch.fx.GraphModule, ctx: PassContext) -> list[torch.fx.Node]:

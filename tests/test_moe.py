@@ -32,9 +32,8 @@ from .strategies import PROPERTY, seeds
 from .test_hf_models import _assert_compiled_whole
 
 STRICT = {"fallback": "error"}
-# dynamic=False: a size-symbolic graph is specialized by re-running torch's meta functions, and
-# _grouped_mm's rejects the (contiguous) transposes a compiled forward saves for its backward.
 STATIC = {"backend": "tpu_inductor", "options": STRICT, "fullgraph": True, "dynamic": False}
+DYNAMIC = {**STATIC, "dynamic": True}
 F32 = {"rtol": 1e-5, "atol": 1e-5}
 FORMS = ("2d3d", "2d2d", "3d2d", "3d3d")
 
@@ -147,6 +146,34 @@ def test_new_group_sizes_run_without_a_compile():
         if i == 0:
             compiles = tpu_inductor.compiles()
     assert tpu_inductor.compiles() == compiles
+
+
+def test_grouped_mm_symbolic_sizes_match_eager():
+    """One graph with symbolic sizes serves token counts that are not multiples of 8, forward
+    and gradients equal to eager's. The backward's weight gradient reads the input's transpose
+    saved by the forward; saved on the device it comes back dense, where the graph has it as a
+    transposed view, and torch's _grouped_mm meta refuses the dense layout at an odd count:
+    the graph is specialized with the strides it was traced with (passes/shapes.py)."""
+    compiled = torch.compile(_grouped_mm, **DYNAMIC)
+    for rows in (13, 21, 7):
+        a, b, offs = _operands(
+            "2d3d",
+            [rows // 3, rows // 2, rows - rows // 3 - rows // 2],
+            0,
+            16,
+            8,
+            torch.bfloat16,
+            seed=rows,
+        )
+        grad = torch.randn(rows, 8, generator=torch.Generator().manual_seed(rows)).bfloat16()
+        results = []
+        for fn in (_grouped_mm, compiled):
+            x, w = a.clone().requires_grad_(), b.clone().requires_grad_()
+            out = fn(x, w, offs)
+            (out * grad).sum().backward()
+            results.append((out, x.grad, w.grad))
+        assert_same(results[1], results[0])
+    assert counters["stats"]["unique_graphs"] == 1  # every size ran the symbolic graph
 
 
 @PROPERTY
@@ -280,3 +307,22 @@ def test_moe_model_new_routing_runs_without_a_compile():
     hook.remove()
     assert len({tuple(c) for c in counts}) == 3, counts  # three routings
     assert tpu_inductor.compiles() == compiles
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_moe_model_symbolic_sequence_length_matches_eager(dtype):
+    """Qwen3-MoE (default experts: transformers' grouped_mm_fallback in float32,
+    aten._grouped_mm in bfloat16) compiled with dynamic=True: one Dynamo graph serves
+    sequence lengths 7 and 9 (odd token counts), logits equal to eager (bfloat16: to its
+    rounding, 2**-8 relative)."""
+    model, inputs = _model("qwen3_moe", None, dtype)
+    compiled = torch.compile(copy.deepcopy(model), **{**DYNAMIC, "options": STRICT})
+    tol = F32 if dtype == torch.float32 else {"rtol": 2**-8, "atol": 2**-8}
+    with torch.no_grad():
+        for seq in (7, 9):
+            gen = torch.Generator().manual_seed(seq)
+            ids = torch.randint(0, hf_zoo.VOCAB, (2, seq), generator=gen)
+            batch = {**inputs, "input_ids": ids}
+            assert_same(compiled(**batch).logits, model(**batch).logits, **tol)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1
