@@ -47,6 +47,7 @@ RULE_MODULES = (
     "random",
     "creation",
     "moe",
+    "torch_nn",
     "sharding",
 )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 
 import jax.numpy as jnp
@@ -77,3 +78,16 @@ def accumulation_dtype(dtype):
     if dtype in (jnp.bfloat16, jnp.float16):
         return jnp.float32
     return dtype
+
+
+def outputs_unread(positions):
+    """`supports` for a rule that computes some results only: whether no user of the node
+    reads the results at `positions` (the others are placeholders of the right shape)."""
+
+    def supports(node):
+        return all(
+            user.target is operator.getitem and (user.args[1] not in positions or not user.users)
+            for user in node.users
+        )
+
+    return supports

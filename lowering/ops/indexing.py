@@ -281,3 +281,25 @@ def topk(ctx, x, k, dim=-1, largest=True, sorted=True):
         return values, order.astype(index_dtype)
 
     return _on_1d(run, x)
+
+
+@register_lowering(aten.put.default)
+def put(x, index, source, accumulate=False):
+    """x.flatten()[index] = source (+= when accumulating), negative indices from the end."""
+    flat, index = x.reshape(-1), index.reshape(-1)
+    index = jnp.where(index < 0, index + flat.shape[0], index)
+    source = source.reshape(-1).astype(x.dtype)
+    if not accumulate:
+        out = flat.at[index].set(source)
+    else:  # a bool sum is an or
+        out = flat.at[index].max(source) if x.dtype == jnp.bool_ else flat.at[index].add(source)
+    return out.reshape(x.shape)
+
+
+@register_lowering(aten.nonzero_static.default, needs_ctx=True)
+def nonzero_static(ctx, x, *, size, fill_value=-1):
+    """The first `size` indices of nonzero elements (row-major), then rows of `fill_value`."""
+    if x.ndim == 0:  # one index of no dims: [size, 0]
+        return jnp.zeros(ctx.out_shape, ctx.out_dtype)
+    found = jnp.nonzero(x, size=int(size), fill_value=fill_value)
+    return jnp.stack(found, axis=1).astype(ctx.out_dtype)

@@ -14,7 +14,6 @@ an error.
 from __future__ import annotations
 
 import math
-import operator
 
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
@@ -22,7 +21,7 @@ from jax import lax
 from torch._ops import ops
 
 from ..registry import register_lowering
-from .common import accumulation_dtype, cast, dims
+from .common import accumulation_dtype, cast, dims, outputs_unread
 
 aten = ops.aten
 _HIGHEST = lax.Precision.HIGHEST
@@ -425,25 +424,12 @@ def linalg_pinv(ctx, a, *, atol=None, rtol=None, hermitian=False):
 # jax calls LAPACK; other platforms use other QR algorithms, so it is registered for CPU only.
 
 
-def _values_only(vector_outputs):
-    """`supports`: whether no user of the node reads the results at `vector_outputs`."""
-
-    def supports(node):
-        return all(
-            user.target is operator.getitem
-            and (user.args[1] not in vector_outputs or not user.users)
-            for user in node.users
-        )
-
-    return supports
-
-
-@register_lowering(aten._linalg_svd.default, needs_ctx=True, supports=_values_only((0, 2)))
+@register_lowering(aten._linalg_svd.default, needs_ctx=True, supports=outputs_unread((0, 2)))
 def linalg_svdvals(ctx, a, full_matrices=False, compute_uv=True, *, driver=None):
     return _empty(ctx, 0), jnp.linalg.svd(a, compute_uv=False), _empty(ctx, 2)
 
 
-@register_lowering(aten._linalg_eigh.default, needs_ctx=True, supports=_values_only((1,)))
+@register_lowering(aten._linalg_eigh.default, needs_ctx=True, supports=outputs_unread((1,)))
 def linalg_eigvalsh(ctx, a, UPLO="L", compute_v=True):  # noqa: N803 (torch's argument name)
     _, values = lax.linalg.eigh(a, lower=UPLO == "L", symmetrize_input=False)
     return values, _empty(ctx, 1)
@@ -454,3 +440,18 @@ def linalg_qr(ctx, a, mode="reduced"):
     if mode == "r":
         return _empty(ctx, 0), jnp.linalg.qr(a, mode="r")
     return jnp.linalg.qr(a, mode=mode)
+
+
+@register_lowering(aten.geqrf.default)
+def geqrf(a):
+    """LAPACK's geqrf: R on and above the diagonal, the Householder vectors below it, and their
+    scalar factors. jax exports no geqrf (jnp.linalg.qr's "raw" mode returns its transpose)."""
+    from jax._src.lax.linalg import geqrf as jax_geqrf
+
+    return jax_geqrf(a)
+
+
+@register_lowering(aten.ormqr.default)
+def ormqr(a, tau, other, left=True, transpose=False):
+    """`other` multiplied by Q (Q^H when transposing) of geqrf's reflectors `a` and `tau`."""
+    return lax.linalg.ormqr(a, tau, other, left=left, transpose=transpose)

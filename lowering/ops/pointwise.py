@@ -373,3 +373,15 @@ def hardswish(x):
 @elementwise(aten.mish)
 def mish(x):
     return x * jnp.tanh(jax.nn.softplus(x))
+
+
+@register_lowering(aten.complex.default, needs_ctx=True)
+def complex_(ctx, real, imag):
+    return lax.complex(*jnp.broadcast_arrays(real, imag)).astype(ctx.out_dtype)
+
+
+@register_lowering(aten.polar.default, needs_ctx=True)
+def polar(ctx, abs_, angle):
+    """abs * cos(angle) + i abs * sin(angle), each product rounded as torch's kernel rounds it."""
+    abs_, angle = jnp.broadcast_arrays(abs_, angle)
+    return lax.complex(abs_ * jnp.cos(angle), abs_ * jnp.sin(angle)).astype(ctx.out_dtype)

@@ -188,3 +188,73 @@ def cumprod(ctx, x, dim, *, dtype=None):
 
 def dim_axis(x, d):
     return dim(d, x.ndim) if x.ndim else None
+
+
+@register_lowering(
+    aten.hash_tensor.default, needs_ctx=True, supports=lambda n: n.kwargs.get("mode", 0) == 0
+)
+def hash_tensor(ctx, x, dim=(), *, keepdim=False, mode=0):
+    """torch.hash_tensor's xor-sum (mode 0): floats as their float64 bits, integers as uint64."""
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        bits = jax.lax.bitcast_convert_type(x.astype(jnp.float64), jnp.uint64)
+    else:
+        bits = x.astype(jnp.uint64)
+    axes = _axes(x, dim)
+    zero = jnp.zeros((), jnp.uint64)
+    out = jax.lax.reduce(bits, zero, jax.lax.bitwise_xor, axes) if axes else bits
+    if keepdim:
+        out = jnp.expand_dims(out, axes)
+    return out.reshape(ctx.out_shape).astype(ctx.out_dtype)
+
+
+def _segment_supported(node) -> bool:
+    """Segments given by lengths or offsets (not indices); a mean with an initial value."""
+    kw = node.kwargs
+    if kw.get("indices") is not None or (kw.get("lengths") is None) == (kw.get("offsets") is None):
+        return False
+    return node.args[1] != "mean" or kw.get("initial") is not None
+
+
+_SEGMENT = {  # reduce -> (jnp reduction, identity, combine with the initial value)
+    "sum": (jnp.sum, 0.0, jnp.add),
+    "mean": (jnp.sum, 0.0, jnp.add),
+    "prod": (jnp.prod, 1.0, jnp.multiply),
+    "max": (jnp.max, -jnp.inf, jnp.maximum),
+    "min": (jnp.min, jnp.inf, jnp.minimum),
+}
+
+
+@register_lowering(aten.segment_reduce.default, needs_ctx=True, supports=_segment_supported)
+def segment_reduce(
+    ctx,
+    data,
+    reduce,
+    *,
+    lengths=None,
+    indices=None,
+    offsets=None,
+    axis=0,
+    unsafe=False,
+    initial=None,
+):
+    """torch's segment_reduce: `data`'s dim `axis` cut into consecutive segments (lengths, or
+    offsets: their cumulative sums with a leading 0, over the dims before `axis`), each reduced
+    from `initial` (the reduction's identity if none); a mean divides by a nonempty length."""
+    axis = dim(axis, data.ndim)
+    if lengths is None:
+        lengths = jnp.diff(offsets, axis=-1)
+    ends = jnp.cumsum(lengths, axis=-1)
+    starts = ends - lengths
+    position = jnp.arange(data.shape[axis])
+    member = (starts[..., None] <= position) & (position < ends[..., None])  # [..., S, L]
+    acc = accumulation_dtype(data.dtype)
+    values = jnp.expand_dims(data.astype(acc), axis)  # [..., 1, L, ...]
+    member = member.reshape(member.shape + (1,) * (data.ndim - axis - 1))
+    fn, identity, combine = _SEGMENT[reduce]
+    out = fn(jnp.where(member, values, jnp.asarray(identity, acc)), axis=axis + 1)
+    if initial is not None:
+        out = combine(out, jnp.asarray(initial, acc))
+    if reduce == "mean":
+        count = lengths.reshape(lengths.shape + (1,) * (data.ndim - axis - 1)).astype(acc)
+        out = jnp.where(count > 0, out / jnp.maximum(count, 1), out)
+    return out.astype(ctx.out_dtype)

@@ -1,5 +1,5 @@
-"""Pooling beyond nn.py's 2-d kernels (3-d max/avg, adaptive max, 3-d adaptive avg), grid
-sampling and the trilinear form behind nn.Bilinear.
+"""Pooling beyond nn.py's 2-d kernels (3-d max/avg, adaptive max, fractional max, 3-d adaptive
+avg), grid sampling and the trilinear form behind nn.Bilinear.
 
 Max pooling indices are torch's exactly: windows are scanned in row-major order, a later
 element wins when it is greater or NaN, and an all -inf window points at its first in-bounds
@@ -91,6 +91,73 @@ def adaptive_max_pool2d_backward(grad, x, indices):
 
 @register_lowering(aten.adaptive_max_pool3d_backward.default)
 def adaptive_max_pool3d_backward(grad, x, indices):
+    return nn.max_pool_backward(grad, x, indices, 3)
+
+
+# --- fractional max pooling --------------------------------------------------------------------
+
+
+def _fractional_starts(sample, size: int, out: int, kernel: int, dtype):
+    """torch's generate_intervals: window i starts at int((i + u) * a) - int(u * a), with
+    a = (size - kernel) / (out - 1) in the input dtype; the last window ends at the edge."""
+    if out == 1:
+        return jnp.full(sample.shape + (1,), size - kernel, jnp.int32)
+    alpha = jnp.asarray((size - kernel) / (out - 1), dtype)
+    u = sample.astype(dtype)[..., None]
+    i = jnp.arange(out - 1, dtype=dtype)
+    starts = ((i + u) * alpha).astype(jnp.int32) - (u * alpha).astype(jnp.int32)
+    last = jnp.full(sample.shape + (1,), size - kernel, jnp.int32)
+    return jnp.concatenate([starts, last], axis=-1)
+
+
+@register_lowering(
+    aten.fractional_max_pool2d.default, aten.fractional_max_pool3d.default, needs_ctx=True
+)
+def fractional_max_pool(ctx, x, kernel_size, output_size, random_samples):
+    """Max over windows of `kernel_size` starting at pseudo-random, increasing offsets (one
+    sample in [0, 1) per plane and dim: 2-d takes (w, h), 3-d (t, h, w)), with torch's scan:
+    a later element wins when greater or NaN; indices are flat in the plane."""
+    d = len(kernel_size)
+    batched = x.ndim == d + 2
+    xs = x if batched else x[None]
+    samples = random_samples if random_samples.ndim == 3 else random_samples[None]
+    lead, spatial = xs.shape[:2], xs.shape[2:]
+    order = (1, 0) if d == 2 else (0, 1, 2)  # which sample drives each spatial dim
+    compute = jnp.float32 if xs.dtype in (jnp.bfloat16, jnp.float16) else xs.dtype
+    windows = xs
+    flat = jnp.zeros((), jnp.int32)
+    for i in range(d):
+        starts = _fractional_starts(
+            samples[..., order[i]], spatial[i], output_size[i], kernel_size[i], compute
+        )
+        taps = (starts[..., None] + jnp.arange(kernel_size[i])).reshape(*lead, -1)
+        shape = lead + (1,) * i + (taps.shape[-1],) + (1,) * (d - i - 1)
+        taps = taps.reshape(shape)
+        target = windows.shape[: 2 + i] + (taps.shape[2 + i],) + windows.shape[3 + i :]
+        windows = jnp.take_along_axis(windows, jnp.broadcast_to(taps, target), axis=2 + i)
+        flat = flat + taps * math.prod(spatial[i + 1 :])
+    flat = jnp.broadcast_to(flat, windows.shape)
+    split = lead + tuple(v for i in range(d) for v in (output_size[i], kernel_size[i]))
+    perm = (0, 1) + tuple(2 + 2 * i for i in range(d)) + tuple(3 + 2 * i for i in range(d))
+    shape = lead + tuple(output_size) + (-1,)
+    windows, flat = (jnp.transpose(a.reshape(split), perm).reshape(shape) for a in (windows, flat))
+    nan = jnp.isnan(windows)
+    last_nan = windows.shape[-1] - 1 - jnp.argmax(nan[..., ::-1], axis=-1)
+    pick = jnp.where(jnp.any(nan, axis=-1), last_nan, jnp.argmax(windows, axis=-1))[..., None]
+    value = jnp.take_along_axis(windows, pick, -1)[..., 0]
+    index = jnp.take_along_axis(flat, pick, -1)[..., 0]
+    if not batched:
+        value, index = value[0], index[0]
+    return value, index.astype(ctx.jax_dtype(torch.int64))
+
+
+@register_lowering(aten.fractional_max_pool2d_backward.default)
+def fractional_max_pool2d_backward(grad, x, kernel_size, output_size, indices):
+    return nn.max_pool_backward(grad, x, indices, 2)
+
+
+@register_lowering(aten.fractional_max_pool3d_backward.default)
+def fractional_max_pool3d_backward(grad, x, kernel_size, output_size, indices):
     return nn.max_pool_backward(grad, x, indices, 3)
 
 

@@ -8,6 +8,8 @@ may differ from torch's (quickselect, order unspecified); the values are exact.
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import torch
 from jax import lax
@@ -217,6 +219,87 @@ def _binary_search(boundaries, values, right, sorter=None):
         start = jnp.where(active & go_right, mid + 1, start)
         end = jnp.where(active & ~go_right, mid, end)
     return start
+
+
+def _linspace(start, end, steps: int, dtype):
+    """torch's CPU linspace: the first half counted up from `start`, the rest down from `end`."""
+    start, end = jnp.asarray(start, dtype), jnp.asarray(end, dtype)
+    step = (end - start) / max(steps - 1, 1)
+    idx = jnp.arange(steps)
+    up = start + step * idx.astype(dtype)
+    down = end - step * (steps - idx - 1).astype(dtype)
+    return jnp.where(idx < steps // 2, up, down)
+
+
+def _outer_edges(x, counts, range_):
+    """(leftmost, rightmost) per dim: `range` (pairs), or the data's extrema; an empty span
+    widened by 0.5 each side, as torch (and numpy) do."""
+    if range_ is not None:
+        edges = [(range_[2 * d], range_[2 * d + 1]) for d in range(len(counts))]
+        lo, hi = (jnp.asarray([e[i] for e in edges], jnp.float32) for i in (0, 1))
+    elif x.shape[0]:
+        lo, hi = jnp.min(x, axis=0).astype(jnp.float32), jnp.max(x, axis=0).astype(jnp.float32)
+    else:
+        lo, hi = jnp.zeros(len(counts), jnp.float32), jnp.zeros(len(counts), jnp.float32)
+    same = lo == hi
+    return jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
+
+
+def _bin_edges(x, counts, range_):
+    lo, hi = _outer_edges(x, counts, range_)
+    return [_linspace(lo[d], hi[d], n + 1, x.dtype) for d, n in enumerate(counts)]
+
+
+def _histogramdd(x, edges, weight, density):
+    """Counts (or summed weights) of the rows of `x` [N, D] in the bins between `edges`: a
+    value's bin is the last edge at or below it (the last bin also holds its right edge);
+    values outside the outer edges are dropped. `density` divides by the total and the bin
+    volumes."""
+    shape = tuple(e.shape[0] - 1 for e in edges)
+    flat, inside = jnp.zeros(x.shape[0], jnp.int32), jnp.ones(x.shape[0], bool)
+    for d, e in enumerate(edges):
+        v = x[:, d]
+        pos = _binary_search(e, v, right=True) - 1
+        pos = jnp.clip(jnp.where(pos == shape[d], shape[d] - 1, pos), 0, shape[d] - 1)
+        inside = inside & (v >= e[0]) & (v <= e[-1])
+        flat = flat * shape[d] + pos
+    acc = accumulation_dtype(x.dtype)
+    w = jnp.ones(x.shape[0], acc) if weight is None else weight.reshape(-1).astype(acc)
+    hist = jnp.zeros(math.prod(shape), acc).at[flat].add(jnp.where(inside, w, 0))
+    hist = hist.reshape(shape)
+    if density:
+        hist = hist / jnp.sum(hist)
+        for d, e in enumerate(edges):
+            widths = jnp.diff(e).astype(acc)
+            hist = hist / widths.reshape([-1 if i == d else 1 for i in range(len(shape))])
+    return hist.astype(x.dtype)
+
+
+@register_lowering(aten.histogram.bin_ct)
+def histogram(x, bins=100, *, range=None, weight=None, density=False):  # noqa: A002
+    edges = _bin_edges(x.reshape(-1, 1), (bins,), range)
+    return _histogramdd(x.reshape(-1, 1), edges, weight, density), edges[0]
+
+
+@register_lowering(aten.histogram.bins_tensor)
+def histogram_bins(x, bins, *, weight=None, density=False):
+    return _histogramdd(x.reshape(-1, 1), [bins], weight, density), bins
+
+
+@register_lowering(aten._histogramdd_bin_edges.default)
+def histogramdd_bin_edges(x, bins, *, range=None, weight=None, density=False):  # noqa: A002
+    return _bin_edges(x.reshape(-1, x.shape[-1]), bins, range)
+
+
+@register_lowering(aten._histogramdd_from_bin_cts.default)
+def histogramdd(x, bins, *, range=None, weight=None, density=False):  # noqa: A002
+    rows = x.reshape(-1, x.shape[-1])
+    return _histogramdd(rows, _bin_edges(rows, bins, range), weight, density)
+
+
+@register_lowering(aten._histogramdd_from_bin_tensors.default)
+def histogramdd_edges(x, bins, *, weight=None, density=False):
+    return _histogramdd(x.reshape(-1, x.shape[-1]), list(bins), weight, density)
 
 
 @register_lowering(aten.searchsorted.Tensor, aten.searchsorted.Scalar, needs_ctx=True)

@@ -3,12 +3,6 @@
 """
 
 EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
-    "_segment_reduce.lengths": {
-        "float32": ("unsupported", "no lowering rule yet for aten.segment_reduce.default"),
-    },
-    "_segment_reduce.offsets": {
-        "float32": ("unsupported", "no lowering rule yet for aten.segment_reduce.default"),
-    },
     "_upsample_bilinear2d_aa": {
         "float32": ("unsupported", "no lowering rule yet for aten._upsample_bilinear2d_aa.default"),
     },
@@ -57,9 +51,6 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DynamicOutputShapeException: aten.masked_select.default",
         ),
     },
-    "complex": {
-        "float32": ("unsupported", "no lowering rule yet for aten.complex.default"),
-    },
     "corrcoef": {
         "float32": (
             "untraceable",
@@ -76,24 +67,6 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
         "float32": (
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten.equal.default",
-        ),
-    },
-    "geqrf": {
-        "float32": ("unsupported", "no lowering rule yet for aten.geqrf.default"),
-    },
-    "hash_tensor": {
-        "float32": ("unsupported", "no lowering rule yet for aten.hash_tensor.default"),
-    },
-    "histogram": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten.histogram.bin_ct aten.histogram.bins_tensor",
-        ),
-    },
-    "histogramdd": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten._histogramdd_bin_edges.default aten._histogramdd_from_bin_cts.default aten._histogramdd_from_bin_tensors.default",
         ),
     },
     "item": {
@@ -186,34 +159,10 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DynamicOutputShapeException: aten._ctc_loss.default",
         ),
     },
-    "nn.functional.embedding_bag": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for aten._embedding_bag_forward_only.default",
-        ),
-    },
-    "nn.functional.fractional_max_pool2d": {
-        "float32": ("unsupported", "no lowering rule yet for aten.fractional_max_pool2d.default"),
-    },
-    "nn.functional.fractional_max_pool3d": {
-        "float32": ("unsupported", "no lowering rule yet for aten.fractional_max_pool3d.default"),
-    },
     "nn.functional.gaussian_nll_loss": {
         "float32": (
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DataDependentOutputException: aten._local_scalar_dense.default",
-        ),
-    },
-    "nn.functional.linear_cross_entropy.chunked": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for torch_nn._linear_cross_entropy_batch_chunked.default",
-        ),
-    },
-    "nn.functional.linear_cross_entropy.chunked_none": {
-        "float32": (
-            "unsupported",
-            "no lowering rule yet for torch_nn._linear_cross_entropy_batch_chunked_no_reduction.default",
         ),
     },
     "nonzero": {
@@ -222,20 +171,8 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DynamicOutputShapeException: aten.nonzero.default",
         ),
     },
-    "nonzero_static": {
-        "float32": ("unsupported", "no lowering rule yet for aten.nonzero_static.default"),
-    },
-    "ormqr": {
-        "float32": ("unsupported", "no lowering rule yet for aten.ormqr.default"),
-    },
     "pca_lowrank": {
         "float32": ("unsupported", "no lowering rule yet for aten._linalg_svd.default"),
-    },
-    "polar": {
-        "float32": ("unsupported", "no lowering rule yet for aten.polar.default"),
-    },
-    "put": {
-        "float32": ("unsupported", "no lowering rule yet for aten.put.default"),
     },
     "resize_as_": {
         "float32": ("unsupported", "no lowering rule yet for aten.resize.default"),

@@ -31,6 +31,9 @@ ALWAYS = frozenset(
         "exponential",
         "geometric",
         "log_normal",
+        # the window offsets are drawn (tests/test_coverage_ops.py gives them and checks values)
+        "nn.functional.fractional_max_pool2d",
+        "nn.functional.fractional_max_pool3d",
     }
 )
 
