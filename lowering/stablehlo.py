@@ -50,12 +50,14 @@ class OutputSlot:
 @dataclasses.dataclass(frozen=True)
 class Shardings:
     """How a module's tensor arguments are split over a device mesh: the mesh's `axes` (name,
-    size), and per tensor argument a partition spec: per dim, the mesh axis it is split over,
-    or None. Results are replicated: every device holds them whole. XLA's SPMD partitioner
-    (Shardy) splits the computation and inserts the collectives."""
+    size), and per tensor argument a partition spec (per dim, the mesh axis it is split over,
+    or None), or None: open, the partitioner chooses (a saved activation, which comes as the
+    forward left it). Results are replicated (every device holds them whole), except those of
+    `separate_outputs` (saved activations that stay on the devices), which are open. XLA's
+    SPMD partitioner (Shardy) splits the computation and inserts the collectives."""
 
     axes: tuple[tuple[str, int], ...]
-    inputs: tuple[tuple[str | None, ...], ...]
+    inputs: tuple[tuple[str | None, ...] | None, ...]
 
     def named(self, devices: Sequence[Any] = ()) -> tuple[Any, ...]:
         """jax shardings of the tensor arguments, then of one replicated value (the seed, the
@@ -71,7 +73,7 @@ class Shardings:
         else:
             mesh = AbstractMesh(sizes, names)
         return (
-            *(NamedSharding(mesh, PartitionSpec(*spec)) for spec in self.inputs),
+            *(None if spec is None else NamedSharding(mesh, PartitionSpec(*spec)) for spec in self.inputs),
             NamedSharding(mesh, PartitionSpec()),
         )
 
@@ -187,6 +189,13 @@ def lower(
                 view = (result_of[base], size, stride, offset)
                 slots[index] = OutputSlot(None, view=view, view_dtype=dtype)
         structure.update(slots=tuple(slots), mutations=tuple(mutations))
+        if shardings is not None:  # the results the host reads whole; saved ones left open
+            kept = {result_of[i] for i in separate_outputs if i in result_of}
+            replicated = shardings.named()[-1]
+            results = [
+                r if i in kept else jax.lax.with_sharding_constraint(r, replicated)
+                for i, r in enumerate(results)
+            ]
         return tuple(results)
 
     arg_specs = [
@@ -234,14 +243,15 @@ def require_concrete(gm: torch.fx.GraphModule) -> None:
 
 
 def _jit_shardings(shardings: Shardings | None, uses_rng: bool) -> dict[str, Any]:
-    """jax.jit's in/out shardings over an abstract mesh (no devices needed to lower): the seed,
-    if any, and the results replicated."""
+    """jax.jit's in_shardings over an abstract mesh (no devices needed to lower), the seed
+    replicated; an open input's None (the partitioner chooses). The results' are set inside
+    the module (`lower`)."""
     if shardings is None:
         return {}
     *inputs, replicated = shardings.named()
     if uses_rng:
         inputs.insert(0, replicated)
-    return {"in_shardings": tuple(inputs), "out_shardings": replicated}
+    return {"in_shardings": tuple(inputs)}
 
 
 def _passed_through_inputs(gm, tensor_inputs) -> list[int | None]:

@@ -4,12 +4,12 @@ when jax starts): `python -m tests.sharding_run MODEL PLAN... --steps N --dump D
 Sets XLA_FLAGS for 8 virtual CPU devices before jax loads, trains the zoo model MODEL (a
 compiled forward and backward, a compiled AdamW step) on one device and then under each PLAN,
 and prints one JSON line per plan: each step's loss, the largest relative difference of the
-losses and the parameters from the one-device run, the PJRT compiles after the first step, and
-the compile records' communication reports (forward and backward) from the dump folder.
+losses and the parameters from the one-device run, the PJRT compiles and Dynamo graphs traced
+after the first step, and the compile records' communication reports from the dump folder.
 
 Plans: dp (batch over data=8), fsdp (parameters and batch over data=8), tp (tensor parallel
-over model=8), tp_dp (tensor parallel over model=4, batch over data=2), ep (experts over
-expert=8, for an MoE model).
+over model=8), tp_dp (tensor parallel over model=4, batch over data=2), ep (the zoo MoE's 4 stacked
+experts over expert=4, batch over data=2).
 """
 
 from __future__ import annotations
@@ -44,12 +44,17 @@ def _plans():
             sharding_plans.tensor_parallel("model"),
             ("data", None),
         ),
-        "ep": (mesh({"expert": 8}), sharding_plans.expert_parallel("expert"), ()),
+        "ep": (
+            mesh({"data": 2, "expert": 4}),
+            sharding_plans.expert_parallel("expert"),
+            ("data", None),
+        ),
     }
 
 
 def train(model, inputs, steps: int, placed=None, options=None):
-    """(losses, the model after `steps` AdamW steps, PJRT compiles after the first step)."""
+    """(losses, the model after `steps` AdamW steps, PJRT compiles and Dynamo graphs traced
+    after the first step)."""
     torch._dynamo.reset()
     inputs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     if placed is not None:
@@ -58,7 +63,8 @@ def train(model, inputs, steps: int, placed=None, options=None):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     forward = torch.compile(model, backend="tpu_inductor", options=options)
     step = torch.compile(optimizer.step, backend="tpu_inductor", options=options)
-    losses, compiles_after_first = [], 0
+    losses, compiles_after_first, traced_after_first = [], 0, 0
+    traced = torch._dynamo.utils.counters["stats"]
     for i in range(steps):
         if placed is not None and input_spec:
             tpu_inductor.mark_sharding(inputs["input_ids"], mesh, input_spec)
@@ -69,7 +75,9 @@ def train(model, inputs, steps: int, placed=None, options=None):
         losses.append(loss.item())
         if i == 0:
             compiles_after_first = tpu_inductor.compiles()
-    return losses, model, tpu_inductor.compiles() - compiles_after_first
+            traced_after_first = traced["unique_graphs"]
+    new = tpu_inductor.compiles() - compiles_after_first, traced["unique_graphs"] - traced_after_first
+    return losses, model, new
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -89,7 +97,7 @@ def main(argv=None) -> int:
     for name in args.plans:
         dump = Path(args.dump) / name
         options = {"dump_dir": str(dump)}
-        losses, trained, recompiles = train(
+        losses, trained, (recompiles, retraces) = train(
             copy.deepcopy(model), inputs, args.steps, _plans()[name], options
         )
         loss_diff = max(abs(a - b) / abs(b) for a, b in zip(losses, reference_losses))
@@ -109,6 +117,7 @@ def main(argv=None) -> int:
                     "loss_rel_diff": loss_diff,
                     "param_rel_diff": param_diff,
                     "compiles_after_first_step": recompiles,
+                    "graphs_traced_after_first_step": retraces,
                     "communication": graphs,
                     "parameter_bytes": sum(p.numel() * 4 for p in model.parameters()),
                 }

@@ -97,7 +97,6 @@ for batch in (8, 16):
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), make_mlp()(x))
 compiled = loaded._compiled[0]
-print("ARGUMENT", [str(s.spec) for s in compiled._shardings])
 print("HLO", compiled.executable.hlo_modules()[0].to_string())
 """
 

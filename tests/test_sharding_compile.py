@@ -51,6 +51,7 @@ def test_sharded_training_equals_one_device_with_the_collectives_each_plan_impli
         # near-zero gradients move a weight by ~1e-5 of the largest in 20 steps.
         assert row["param_rel_diff"] < 1e-3, plan
         assert row["compiles_after_first_step"] == 0, plan
+        assert row["graphs_traced_after_first_step"] == 0, plan
     total = rows["dp"]["parameter_bytes"]
     # Data parallel: every device holds every weight; FSDP: about an eighth of them (the
     # small ones stay whole), gathered in the forward, gradients reduced in the backward.

@@ -54,11 +54,14 @@ def tpu_inductor(
     if use_autograd_cache:
         gm._backend_id = autograd_cache.backend_id(opts)
 
+    # Over a mesh: how the forward left its saved activations on the devices, for the backward.
+    saved_layouts: list = []
+
     def compiler(kind: str):
         def compile_one(fx_graph, inputs):
             static = _static_input_indices() if kind != "backward" else ()
             roles = _roles(kind, fx_graph)
-            placements = _placements(kind, fx_graph, mesh, placed)
+            placements = _placements(kind, fx_graph, mesh, placed, roles, saved_layouts)
             compiled = compile_graph(
                 fx_graph,
                 inputs,
@@ -68,6 +71,9 @@ def tpu_inductor(
                 roles=roles,
                 placements=placements,
             )
+            if kind == "forward" and mesh is not None:
+                specs = getattr(compiled, "output_partition_specs", dict)()
+                saved_layouts[:] = [specs.get(i) for i in roles.saved_outputs]
             return (
                 autograd_cache.CachedGraph(compiled, kind, static, roles)
                 if use_autograd_cache
@@ -153,10 +159,11 @@ def _roles(kind: str, gm: torch.fx.GraphModule):
     return GraphRoles(saved_outputs=tuple(range(*saved)), bumped_inputs=bumped)
 
 
-def _placements(kind: str, gm: torch.fx.GraphModule, mesh, placed):
+def _placements(kind: str, gm: torch.fx.GraphModule, mesh, placed, roles, saved_layouts):
     """The placements (sharding.placement) of the Dynamo graph's inputs, as the ATen graph's:
     a forward's inputs are those inputs in order; a backward's outputs are their gradients, in
-    the same order, placed as they are. None without a mesh."""
+    the same order, placed as they are, and its saved activations come split as the forward
+    left them (`saved_layouts`, in order). None without a mesh."""
     if mesh is None:
         return None
     from .passes.annotate_sharding import SpecPlan
@@ -164,7 +171,14 @@ def _placements(kind: str, gm: torch.fx.GraphModule, mesh, placed):
     specs = {i: p.spec for i, p in enumerate(placed) if p is not None}
     if kind == "backward":
         count = len(gm.graph.output_node().args[0])
-        where, plan = "outputs", SpecPlan(mesh, outputs=specs)
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        saved = [
+            i for i in roles.saved_inputs if isinstance(placeholders[i].meta.get("val"), torch.Tensor)
+        ]
+        layouts = {}
+        if len(saved) == len(saved_layouts):
+            layouts = {i: s for i, s in zip(saved, saved_layouts) if s is not None}
+        where, plan = "outputs", SpecPlan(mesh, inputs=layouts, outputs=specs)
     else:
         count = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
         where, plan = "inputs", SpecPlan(mesh, inputs=specs)

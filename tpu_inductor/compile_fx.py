@@ -175,14 +175,10 @@ def _compile_whole(
     return sizes
 
 
-def _kept_roles(
-    roles: runtime.GraphRoles | None, options: Options, device: runtime.Device | None
-) -> runtime.GraphRoles:
-    """`roles`, with no saved output kept on the device under `saved_on_device=False`, nor
-    over a mesh (a kept result is one device's array)."""
+def _kept_roles(roles: runtime.GraphRoles | None, options: Options) -> runtime.GraphRoles:
+    """`roles`, with no saved output kept on the device under `saved_on_device=False`."""
     roles = roles or runtime.GraphRoles()
-    mesh = device is not None and bool(device.mesh)
-    return dataclasses.replace(roles, keep_saved=options.saved_on_device and not mesh)
+    return dataclasses.replace(roles, keep_saved=options.saved_on_device)
 
 
 def _concrete_signature(inputs: Sequence[Any]) -> tuple | None:
@@ -206,7 +202,7 @@ class _Specializer:
         roles: runtime.GraphRoles | None = None,
     ):
         self.gm = gm
-        self.roles = _kept_roles(roles, options, device)
+        self.roles = _kept_roles(roles, options)
         # Saved activations kept on the device get module results of their own (not views).
         self._separate = frozenset(self.roles.saved_outputs if self.roles.keep_saved else ())
         self.options = options
@@ -252,8 +248,9 @@ class _Specializer:
 
     def _shardings_for(self, inputs) -> lowering.Shardings | None:
         """How the module's tensor arguments are split: as given (an artifact's plan), by the
-        graph's placements (annotate_sharding), whole on every device of a mesh without them
-        (a region of a split graph), or None on one device."""
+        graph's placements (annotate_sharding), open for the saved activations a backward
+        takes as the forward left them on the devices, whole on every device for the others
+        (a region of a split graph has none), or None on one device."""
         layout = self.gm.meta.get("sharding")
         if self.shardings is not None or (layout is None and not getattr(self.device, "mesh", ())):
             return self.shardings
@@ -263,7 +260,11 @@ class _Specializer:
         for i in positions:
             if i in specs:
                 sharding.check_spec(mesh, tuple(inputs[i].shape), specs[i], f"graph input {i}")
-        return lowering.Shardings(mesh.axes, tuple(specs.get(i, ()) for i in positions))
+        open_ = frozenset(self.roles.saved_inputs) if self.roles.keep_saved else frozenset()
+        default = {i: None for i in open_}
+        return lowering.Shardings(
+            mesh.axes, tuple(specs.get(i, default.get(i, ())) for i in positions)
+        )
 
     def lower(self, inputs, scalars: frozenset[int], record: debug.CompileRecord):
         """Stages 3-4: the graph at the sizes of `inputs`, lowered."""
@@ -369,7 +370,7 @@ def load_cached(
     record = observer.record(dispatch.input_signature(example_inputs))
     record.cache["aot_autograd"] = "hit"
     record.cache["stages_skipped"] = "ATen graph and passes: nothing was traced in this process"
-    roles = _kept_roles(roles, options, device)
+    roles = _kept_roles(roles, options)
     compiled = _cached_compile(graph_key, options, device, static_inputs, record, None, roles)
     if compiled is None:
         record.status, record.error = "failed", "not in the compile cache: compiled again"

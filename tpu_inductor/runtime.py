@@ -70,8 +70,9 @@ class Device:
 
     @property
     def key(self) -> tuple:
-        """Which device an array is on (residency.mirrors keys its copies by it)."""
-        return (id(self.client), self.device.id, self.zero_copy)
+        """Which device (or mesh) an array is on (residency.mirrors keys its copies by it)."""
+        where = tuple(d.id for d in self.mesh) if self.mesh else self.device.id
+        return (id(self.client), where, self.zero_copy)
 
     @property
     def lowering_platform(self) -> str:
@@ -267,7 +268,7 @@ _XLA_OPTIONS = {
 
 
 def _placement(device: Device):
-    """(DeviceList, CompileOptions) of a single-device executable."""
+    """(DeviceList, CompileOptions) of an executable for `device` (one, or a mesh's)."""
     from jax._src import compiler
     from jax._src.lib import xla_client
 
@@ -284,6 +285,10 @@ def _placement(device: Device):
         device_assignment=[[d.id for d in devices]] if device.mesh else None,
         env_options_overrides=overrides,
     )
+    if device.mesh:  # arguments and results the module leaves open: the partitioner chooses
+        build = options.executable_build_options
+        build.allow_spmd_sharding_propagation_to_parameters = [True]
+        build.allow_spmd_sharding_propagation_to_output = [True]
     return xla_client.DeviceList(devices), options
 
 
@@ -299,7 +304,7 @@ class _Transfer:
     def __init__(self, device: Device):
         import jax
 
-        self.key = None if device.mesh else device.key
+        self.key = device.key
         self.device = device.device
         self.on_cpu = device.platform == "cpu" and device.zero_copy and not device.mesh
         self.cpu_mesh = device.platform == "cpu" and bool(device.mesh)
@@ -406,8 +411,8 @@ class CompiledGraph:
         self._transfer = _Transfer(device)
         roles = roles or GraphRoles()
         saved_inputs, saved_outputs = roles.saved_inputs, frozenset(roles.saved_outputs)
-        # Device copies shared between graphs (none over a mesh: their arrays are split).
-        self._mirror_key = self._transfer.key
+        # Device copies shared between graphs (none over a mesh: each graph splits its own).
+        self._mirror_key = None if device.mesh else self._transfer.key
         sizes = [
             _nbytes(spec, dtype)
             for spec, dtype in zip(lowered.input_specs, lowered.module_input_dtypes)
@@ -451,7 +456,8 @@ class CompiledGraph:
             if kind == "kept" and self._output_casts[r] is None and roles.keep_saved
         )
         # Per module argument (the seed last), how it is split over a mesh; None: one device.
-        self._shardings = _argument_shardings(device, lowered)
+        self._shardings = _argument_shardings(device, lowered, executable)
+        self._result_shardings = _result_shardings(device, executable)
         self.per_call = collections.Counter()  # what one steady-state call moves
         for slot, _, _ in self._per_call:
             self.per_call[ledger.HOST_TO_DEVICE, "argument"] += sizes[slot]
@@ -464,6 +470,28 @@ class CompiledGraph:
                 self.per_call[ledger.DEVICE_TO_HOST, kind] += _nbytes(spec, spec.dtype)
         self._per_call_entries = (*self.per_call.items(), (ledger.CALLS, 1))
         self.ledger = collections.Counter()  # every call of this graph, by (direction, kind)
+
+    def output_partition_specs(self) -> dict[int, tuple]:
+        """Over a mesh: graph output index → the partition spec (per dim, a mesh axis or None)
+        of the outputs that stay on the devices, as the partitioner split them; a layout one
+        axis per dim cannot say is left out. Empty on one device."""
+        if self._result_shardings is None:
+            return {}
+        from jax._src.sharding_impls import parse_flatten_op_sharding
+        from jax.sharding import AbstractMesh
+
+        mesh = AbstractMesh(
+            tuple(n for _, n in self.device.axes), tuple(a for a, _ in self.device.axes)
+        )
+        specs = {}
+        for index, slot in enumerate(self.lowered.outputs):
+            if slot.result in self._kept and not slot.view:
+                sharding = self._result_shardings[slot.result]
+                (spec,) = parse_flatten_op_sharding(sharding._hlo_sharding, mesh)
+                dims = [axis[0] if isinstance(axis, tuple) and len(axis) == 1 else axis for axis in spec]
+                if all(axis is None or isinstance(axis, str) for axis in dims):
+                    specs[index] = tuple(dims)
+        return specs
 
     def transfer_summary(self) -> dict:
         """For compile records: what a steady-state call moves, what the first call moves
@@ -491,13 +519,13 @@ class CompiledGraph:
         if self.lowered.uses_rng:
             seed = torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32)
             arrays.insert(0, to_device(seed, shardings[-1]))
-        results = self.executable.execute_sharded(arrays).disassemble_into_single_device_arrays()
+        results = self._results(self.executable.execute_sharded(arrays))
         ledger.add(self._per_call_entries, self.ledger)
         outs = self._outputs(results)
         for position, result in self.lowered.mutations:
             args[position].copy_(outs[result])
             if self._mirror_key is not None:
-                self._mirror_written(args[position], results[result][0])
+                self._mirror_written(args[position], results[result])
         returned = [
             outs[result] if result is not None else value if source is None else args[source]
             for result, source, value in self._slots
@@ -523,17 +551,32 @@ class CompiledGraph:
         if not self._transfer.on_cpu or self._transfer.aliases(array, tensor):
             residency.mirrors.put(tensor, self._mirror_key, array)
 
+    def _results(self, executed) -> list:
+        """One jax array per module result: on one device, its array; over a mesh, device 0's
+        copy of a replicated result, else the result assembled from its shards."""
+        shards = executed.disassemble_into_single_device_arrays()
+        if self._result_shardings is None:
+            return [x[0] for x in shards]
+        import jax
+
+        return [
+            x[0]
+            if sharding.is_fully_replicated
+            else jax.make_array_from_single_device_arrays(spec.shape, sharding, x)
+            for x, sharding, spec in zip(shards, self._result_shardings, self.lowered.output_specs)
+        ]
+
     def _outputs(self, results) -> list:
         """Module results as torch tensors; those kept on the device as DeviceTensors."""
         to_torch, specs = self._transfer.to_torch, self.lowered.output_specs
         outs = [
-            None if r in self._kept else to_torch(x[0]) if cast is None else to_torch(x[0]).to(cast)
+            None if r in self._kept else to_torch(x) if cast is None else to_torch(x).to(cast)
             for r, (x, cast) in enumerate(zip(results, self._output_casts))
         ]
         for r in self._kept:
             spec = specs[r]
             outs[r] = residency.DeviceTensor(
-                results[r][0], spec.shape, spec.dtype, to_torch, self._mirror_key
+                results[r], spec.shape, spec.dtype, to_torch, self._transfer.key
             )
         return outs
 
@@ -544,10 +587,10 @@ class CompiledGraph:
             value = args[position]
             if (
                 value.__class__ is residency.DeviceTensor
-                and value.device_key == key
+                and value.device_key == self._transfer.key
                 and cast is None
             ):
-                arrays[slot] = value.array
+                arrays[slot] = self._resharded(value.array, self._shardings[slot])
                 continue
             array = None if key is None or cast is not None else residency.mirrors.get(value, key)
             if array is None:
@@ -560,6 +603,17 @@ class CompiledGraph:
             arrays[slot] = array
         if sent:
             ledger.add([((ledger.HOST_TO_DEVICE, "saved"), sent)], self.ledger)
+
+    def _resharded(self, array, sharding):
+        """`array` (a saved activation on this mesh) split as this module takes it: moved
+        between the devices where the forward's layout differs (no host crossing)."""
+        if sharding is None or array.sharding.is_equivalent_to(sharding, array.ndim):
+            return array
+        import jax
+
+        stats["mesh_reshards"] += 1
+        with _exact_dtypes():
+            return jax.device_put(array, sharding)
 
     def _resident_arguments(self, args: list) -> Sequence[Any]:
         """The module's arguments with the parameters' arrays: sent again where they changed
@@ -651,9 +705,10 @@ def _nbytes(spec, dtype: torch.dtype) -> int:
     return math.prod(spec.shape) * dtype.itemsize
 
 
-def _argument_shardings(device: Device, lowered) -> tuple:
+def _argument_shardings(device: Device, lowered, executable) -> tuple:
     """Per module argument of `lowered` (its tensor arguments, then its seed), the jax sharding
-    that splits it over `device`'s mesh: all None for a module on one device."""
+    that splits it over `device`'s mesh, as the executable has it (the partitioner chose the
+    open ones): all None for a module on one device."""
     split = lowered.shardings
     if split is None and not device.mesh:
         return (None,) * (len(lowered.tensor_inputs) + 1)
@@ -662,7 +717,21 @@ def _argument_shardings(device: Device, lowered) -> tuple:
             f"tpu_inductor: a module for mesh {split and dict(split.axes)} cannot run on "
             f"{device}: load an artifact with tpu_inductor.aot.load, which takes its mesh's devices."
         )
-    return split.named(device.mesh)  # the seed last: on every device
+    chosen = _mesh_shardings(device, executable.get_parameter_shardings())
+    if lowered.uses_rng:  # the seed is the module's first argument; ours last
+        chosen = (*chosen[1:], chosen[0])
+    return chosen
+
+
+def _result_shardings(device: Device, executable) -> tuple | None:
+    """Per module result, its jax sharding over `device`'s mesh (None on one device)."""
+    return _mesh_shardings(device, executable.get_output_shardings()) if device.mesh else None
+
+
+def _mesh_shardings(device: Device, op_shardings) -> tuple:
+    from jax._src.sharding_impls import GSPMDSharding
+
+    return tuple(GSPMDSharding(device.mesh, op) for op in op_shardings)
 
 
 class _Resident:

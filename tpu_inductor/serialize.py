@@ -81,7 +81,7 @@ def _shardings_to_json(shardings: Shardings | None) -> dict[str, Any] | None:
         return None
     return {
         "mesh": [[name, size] for name, size in shardings.axes],
-        "inputs": [list(spec) for spec in shardings.inputs],
+        "inputs": [None if spec is None else list(spec) for spec in shardings.inputs],
     }
 
 
@@ -90,8 +90,8 @@ def _shardings_from_json(data: Any) -> Shardings | None:
         return None
     axes = tuple((str(name), _int(size)) for name, size in data["mesh"])
     names = {name for name, _ in axes}
-    inputs = tuple(tuple(spec) for spec in data["inputs"])
-    if any(axis is not None and axis not in names for spec in inputs for axis in spec):
+    inputs = tuple(None if spec is None else tuple(spec) for spec in data["inputs"])
+    if any(axis is not None and axis not in names for spec in inputs for axis in spec or ()):
         raise ValueError(f"bad shardings {data!r}: an input is split over an axis not in the mesh")
     return Shardings(axes, inputs)
 
