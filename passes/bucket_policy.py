@@ -8,8 +8,9 @@ size, its inputs padded up to the bucket (elsewhere). Policies (`BucketPolicy.ki
   log2(largest) compiles, padding up to 2x.
 - "multiple": the next multiple of `multiple` (128: 128, 256, ...): padding under `multiple`.
 - "sizes": the smallest explicit size holding the size; one past the largest compiles exactly.
-- "auto": boundaries chosen from the sizes observed (`choose_boundaries`; per symbol in a
-  `BucketPlan` file), then as "sizes"; until a plan exists, as "pow2".
+- "auto": boundaries chosen from the sizes observed (`choose_boundaries` per symbol,
+  `choose_joint` per pair of symbols of one graph; kept in a `BucketPlan` file), then as
+  "sizes"; until a plan exists, as "pow2".
 
 Always: sizes 0 and 1 are never padded (torch specializes them); a bucket never passes a `bound`
 the graph implies (a position table's length, mark_dynamic(max=)), but is clamped to it, and a
@@ -37,7 +38,7 @@ KINDS = ("exact", "pow2", "multiple", "sizes", "auto")
 # saves 4096 padded positions over the calls seen (32 calls padded by 128). 0: one per size.
 DEFAULT_COMPILE_COST = 4096.0
 
-PLAN_FORMAT, PLAN_VERSION = "tpu_inductor.bucket_plan", 1
+PLAN_FORMAT, PLAN_VERSION = "tpu_inductor.bucket_plan", 2  # 2: joint plans
 _FORMS = (
     "'exact', 'pow2', 'auto', 'multiple', {'pow2': {'min': 32}}, "
     "{'policy': 'pow2', 'min_bucket': 32}, {'multiple': 128}, {'sizes': [64, 128, 256]}"
@@ -196,13 +197,20 @@ def choose_joint(
     return min(score(bb, bl) for (_, bb), (_, bl) in product(*cands))[4:]
 
 
+JointKey = tuple[str, str]  # two symbol keys, sorted: the pair a joint plan buckets together
+
+
 @dataclass
 class BucketPlan:
     """Per symbol key (a text such as "L['input_ids'].size()[1]"), its chosen boundaries and
-    the histogram (size -> count) they were chosen from; saved as JSON."""
+    the histogram (size -> count) they were chosen from; per pair of keys one graph's sizes
+    come in (batch x length), the pair's boundaries chosen jointly (`choose_joint`) and its
+    histogram ((size, size) -> count). Saved as JSON; a pair's boundaries win over its keys'."""
 
     boundaries: dict[str, tuple[int, ...]] = field(default_factory=dict)
     histogram: dict[str, dict[int, int]] = field(default_factory=dict)
+    joint: dict[JointKey, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+    joint_histogram: dict[JointKey, dict[tuple[int, int], int]] = field(default_factory=dict)
 
     def observe(self, key: str, size: int) -> None:
         """Count one call at `size` for symbol `key`."""
@@ -210,27 +218,64 @@ class BucketPlan:
         sizes = self.histogram.setdefault(key, {})
         sizes[int(size)] = sizes.get(int(size), 0) + 1
 
+    def observe_call(self, keys: tuple[str, ...], sizes: tuple[int, ...]) -> None:
+        """Count one call of a graph whose symbols `keys` are at `sizes`: per key, and for a
+        graph of two symbols, the pair."""
+        for key, size in zip(keys, sizes):
+            self.observe(key, size)
+        if len(keys) == 2:
+            pair, both = _sorted_pair(keys, sizes)
+            counts = self.joint_histogram.setdefault(pair, {})
+            counts[both] = counts.get(both, 0) + 1
+
     def policy_for(self, key: str, base: BucketPolicy) -> BucketPolicy:
         """An "auto" policy bucketing as "sizes" at the key's boundaries, else `base`."""
         sizes = self.boundaries.get(key)
         return replace(base, kind="auto", sizes=sizes) if sizes else base
 
-    def replan(self, *, max_buckets: int = 8, compile_cost: float) -> None:
-        """Each histogram's boundaries again, by `choose_boundaries` (none: the key is dropped)."""
-        how = {"max_buckets": max_buckets, "compile_cost": compile_cost}
+    def policies_for(self, keys: tuple[str, ...], base: BucketPolicy) -> tuple[BucketPolicy, ...]:
+        """The policy of each of a graph's symbol `keys`: the pair's joint boundaries where the
+        plan has them, else each key's (`policy_for`)."""
+        pair = tuple(sorted(keys)) if len(keys) == 2 else None
+        if pair in self.joint:
+            chosen = dict(zip(pair, self.joint[pair]))
+            return tuple(replace(base, kind="auto", sizes=chosen[k]) for k in keys)
+        return tuple(self.policy_for(key, base) for key in keys)
+
+    def replan(self, *, max_buckets: int | None = None, compile_cost: float) -> None:
+        """Every histogram's boundaries again: each key's by `choose_boundaries`, each pair's by
+        `choose_joint` (none: the entry is dropped). `max_buckets` (per key; per pair: bucket
+        pairs in use) defaults to as many as pow2 would use for the sizes seen, so never more
+        compiles than pow2."""
+        pow2 = BucketPolicy("pow2", min_bucket=1)
         for key, sizes in self.histogram.items():
-            self.boundaries[key] = choose_boundaries(sizes, **how)
+            budget = max_buckets or max(1, len({pow2.bucket(n) for n in sizes}))
+            self.boundaries[key] = choose_boundaries(
+                sizes, max_buckets=budget, compile_cost=compile_cost
+            )
+        for pair, sizes in self.joint_histogram.items():
+            budget = max_buckets or max(1, len({tuple(map(pow2.bucket, bl)) for bl in sizes}))
+            self.joint[pair] = choose_joint(sizes, max_buckets=budget, compile_cost=compile_cost)
         self.boundaries = {k: b for k, b in self.boundaries.items() if b}
+        self.joint = {k: b for k, b in self.joint.items() if any(b)}
 
     def _document(self) -> dict[str, Any]:
-        """The JSON form; keys with neither boundaries nor a histogram are left out."""
+        """The JSON form; entries with neither boundaries nor a histogram are left out."""
         symbols = {}
         for key in sorted(set(self.boundaries) | set(self.histogram)):
             bounds, hist = self.boundaries.get(key, ()), self.histogram.get(key, {})
             if bounds or hist:
                 pairs = [[int(s), int(c)] for s, c in sorted(hist.items())]
                 symbols[key] = {"boundaries": [int(s) for s in bounds], "histogram": pairs}
-        return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "symbols": symbols}
+        joint = []
+        for pair in sorted(set(self.joint) | set(self.joint_histogram)):
+            bounds, hist = self.joint.get(pair, ((), ())), self.joint_histogram.get(pair, {})
+            if any(bounds) or hist:
+                counts = [[int(b), int(n), int(c)] for (b, n), c in sorted(hist.items())]
+                chosen = [[int(s) for s in b] for b in bounds]
+                joint.append({"symbols": list(pair), "boundaries": chosen, "histogram": counts})
+        doc = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "symbols": symbols}
+        return {**doc, "joint": joint}
 
     def save(self, path: str | Path) -> None:
         """Write the plan as JSON, atomically (a reader sees the old file or the new)."""
@@ -255,17 +300,41 @@ class BucketPlan:
         if head != (PLAN_FORMAT, PLAN_VERSION) or type(head[1]) is not int:
             raise fail(f"has (format, version) {head!r}, not {(PLAN_FORMAT, PLAN_VERSION)!r}")
         try:  # whatever is wrong raises here or makes the plan's document differ from the file's
-            items = doc["symbols"].items()
-            plan = cls({k: tuple(v["boundaries"]) for k, v in items if v["boundaries"]})
-            plan.histogram = {k: dict(v["histogram"]) for k, v in items if v["histogram"]}
-            _ = [BucketPolicy("sizes", sizes=b) for b in plan.boundaries.values()]
-            _ = [_observed(counts, None) for counts in plan.histogram.values()]
+            plan = cls._of_document(doc)
             problem = "" if plan._document() == doc else "extra, empty or unsorted entries"
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             problem = f"{type(e).__name__}: {e}"
         if problem:
             raise fail(f"is not the JSON `BucketPlan.save` writes ({problem})")
         return plan
+
+    @classmethod
+    def _of_document(cls, doc: dict) -> BucketPlan:
+        """The plan of a JSON document (raising on what no plan could be made of)."""
+        items = doc["symbols"].items()
+        plan = cls({k: tuple(v["boundaries"]) for k, v in items if v["boundaries"]})
+        plan.histogram = {k: dict(v["histogram"]) for k, v in items if v["histogram"]}
+        for entry in doc["joint"]:
+            pair = tuple(entry["symbols"])
+            if len(pair) != 2 or list(pair) != sorted(pair) or len(entry["boundaries"]) != 2:
+                raise ValueError(f"joint symbols {list(pair)}: want two, sorted, two boundaries")
+            bounds = tuple(tuple(b) for b in entry["boundaries"])
+            plan.joint.update({pair: bounds} if any(bounds) else {})
+            counts = {(b, n): c for b, n, c in entry["histogram"]}
+            plan.joint_histogram.update({pair: counts} if counts else {})
+        chosen = [*plan.boundaries.values(), *(b for bs in plan.joint.values() for b in bs if b)]
+        _ = [BucketPolicy("sizes", sizes=b) for b in chosen]
+        _ = [_observed(counts, None) for counts in plan.histogram.values()]
+        for counts in plan.joint_histogram.values():
+            for (b, n), c in counts.items():
+                _check_size("b", b), _check_size("l", n), _check_size(f"{(b, n)}'s count", c)
+        return plan
+
+
+def _sorted_pair(keys: tuple, sizes: tuple) -> tuple[JointKey, tuple[int, int]]:
+    """A pair of keys in sorted order, and their sizes in the same order."""
+    order = sorted(range(2), key=lambda i: keys[i])
+    return tuple(keys[i] for i in order), tuple(int(sizes[i]) for i in order)
 
 
 def parse_policy(value: Any, where: str = "option 'bucketing'") -> BucketPolicy:

@@ -317,13 +317,22 @@ def test_plan_observe_replan_save_load_round_trip(tmp_path_factory, seed, keys, 
     rng = random.Random(seed)
     plan = BucketPlan()
     names = [f"L['input_ids'].size()[{i}]" for i in range(keys)]
-    for _ in range(100):
-        plan.observe(rng.choice(names), rng.choice([0, 1, rng.randint(2, 700)]))
+    calls = []
+    for _ in range(100):  # graphs of one to `keys` symbols
+        graph = tuple(rng.sample(names, rng.randint(1, keys)))
+        calls.append(graph)
+        plan.observe_call(graph, tuple(rng.choice([0, 1, rng.randint(2, 700)]) for _ in graph))
     plan.replan(max_buckets=4, compile_cost=cost)
     for key, hist in plan.histogram.items():
         chosen = choose_boundaries(hist, max_buckets=4, compile_cost=cost)
         assert plan.boundaries.get(key, ()) == chosen
-    assert sum(sum(h.values()) for h in plan.histogram.values()) == 100
+    for pair, hist in plan.joint_histogram.items():
+        assert list(pair) == sorted(pair)
+        chosen = choose_joint(hist, max_buckets=4, compile_cost=cost)
+        assert plan.joint.get(pair, ((), ())) == chosen
+    assert sum(sum(h.values()) for h in plan.histogram.values()) == sum(map(len, calls))
+    pairs = sum(sum(h.values()) for h in plan.joint_histogram.values())
+    assert pairs == sum(len(c) == 2 for c in calls)
     folder = tmp_path_factory.mktemp("plan")
     path = folder / "deeper" / "plan.json"
     plan.save(path)
@@ -332,7 +341,7 @@ def test_plan_observe_replan_save_load_round_trip(tmp_path_factory, seed, keys, 
     assert (
         (doc["format"], doc["version"])
         == (PLAN_FORMAT, PLAN_VERSION)
-        == ("tpu_inductor.bucket_plan", 1)
+        == ("tpu_inductor.bucket_plan", 2)
     )
     assert BucketPlan.load(path) == plan
     plan.save(path)  # replacing the file
@@ -357,8 +366,25 @@ def test_plan_policy_for_and_a_missing_file(tmp_path):
     assert plan.policy_for("s1", base) is base and "s1" not in plan.boundaries
 
 
-def _plan_text(**symbols):
-    return json.dumps({"format": PLAN_FORMAT, "version": PLAN_VERSION, "symbols": symbols})
+def test_a_pairs_joint_boundaries_win_over_its_keys():
+    plan = BucketPlan(boundaries={"b": (64,), "s": (40, 300)}, joint={("b", "s"): ((4, 32), (50,))})
+    base = BucketPolicy("pow2")
+    seq, batch = plan.policies_for(("s", "b"), base)  # the graph's order, not the pair's
+    assert (seq.bucket(41), batch.bucket(5), seq.bucket(51)) == (50, 32, 51)
+    assert plan.policies_for(("s",), base)[0].bucket(41) == 300  # a graph of one symbol
+    assert plan.policies_for(("b", "x"), base) == (plan.policy_for("b", base), base)
+    plan.observe_call(("s", "b"), (7, 3))
+    assert plan.joint_histogram == {("b", "s"): {(3, 7): 1}}
+    assert plan.histogram == {"s": {7: 1}, "b": {3: 1}}
+
+
+def _plan_text(joint=(), **symbols):
+    doc = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "symbols": symbols}
+    return json.dumps({**doc, "joint": list(joint)})
+
+
+def _joint_entry(symbols=("b", "s"), boundaries=((4,), (64,)), histogram=((3, 9, 1),)):
+    return {"symbols": list(symbols), "boundaries": boundaries, "histogram": histogram}
 
 
 @pytest.mark.parametrize(
@@ -369,10 +395,18 @@ def _plan_text(**symbols):
         (b"\xff\xfe\x00garbage", "JSON"),
         ("[1, 2]", "format"),
         (json.dumps({"format": "other.plan", "version": 1, "symbols": {}}), "other.plan"),
-        (json.dumps({"format": PLAN_FORMAT, "version": 2, "symbols": {}}), "version"),
+        (json.dumps({"format": PLAN_FORMAT, "version": 1, "symbols": {}}), "version"),
+        (json.dumps({"format": PLAN_FORMAT, "version": 3, "symbols": {}}), "version"),
         (json.dumps({"format": PLAN_FORMAT, "version": True, "symbols": {}}), "version"),
-        (json.dumps({"format": PLAN_FORMAT, "version": 1}), "symbols"),
-        (json.dumps({"format": PLAN_FORMAT, "version": 1, "symbols": []}), "save"),
+        (json.dumps({"format": PLAN_FORMAT, "version": 2, "joint": []}), "symbols"),
+        (json.dumps({"format": PLAN_FORMAT, "version": 2, "symbols": {}}), "joint"),
+        (json.dumps({"format": PLAN_FORMAT, "version": 2, "symbols": [], "joint": []}), "save"),
+        (_plan_text(joint=[_joint_entry(symbols=("s", "b"))]), "sorted"),
+        (_plan_text(joint=[_joint_entry(symbols=("b", "s", "t"))]), "two"),
+        (_plan_text(joint=[_joint_entry(boundaries=((8, 4), (64,)))]), "ascending"),
+        (_plan_text(joint=[_joint_entry(histogram=((3, 9, -1),))]), "count"),
+        (_plan_text(joint=[_joint_entry(histogram=((9, 3, 1), (3, 9, 1)))]), "unsorted"),
+        (_plan_text(joint=[_joint_entry(boundaries=((), ()), histogram=())]), "empty"),
         (_plan_text(s={"boundaries": [64, 32], "histogram": []}), "ascending"),
         (_plan_text(s={"boundaries": [64], "histogram": [[3, -1]]}), "count"),
         (_plan_text(s={"boundaries": [64], "histogram": [[3, 1, 2]]}), "save"),

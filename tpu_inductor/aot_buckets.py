@@ -1,6 +1,7 @@
 """Buckets of an AOT artifact: which bucket serves a call, and padded buckets.
 
-`--bucket S=16,32,64` serves every S from 2 to 64. The dims that `--bucket` names are exported
+`--bucket S=16,32,64` serves every S from 2 to 64; `--plan FILE` takes the buckets of an `auto`
+bucket plan saved by torch.compile runs (`buckets_from_plan`). The dims that `--bucket` names are exported
 once with symbolic sizes (torch.export's Dim, at most the largest bucket), and the shape pass
 (passes/bucket_shapes.py) rewrites that one graph so an executable compiled at a bucket's sizes
 is exact at every size up to them: the true sizes are extra 0-d int inputs, and every op that
@@ -20,13 +21,15 @@ entry says whether it is `padded`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import sympy
 import torch
 
 from . import bucketing, serialize
-from .exc import InputMismatchError
+from .exc import InputMismatchError, OptionError
+from .passes.bucket_policy import BucketPlan
 from .passes.bucket_shapes import BucketLayout
 
 SMALLEST = 2  # the smallest size a padded bucket serves: torch specializes sizes 0 and 1
@@ -34,6 +37,43 @@ SMALLEST = 2  # the smallest size a padded bucket serves: torch specializes size
 
 # ---------------------------------------------------------------------------------------------
 # compile
+
+
+def buckets_from_plan(path, inputs: Sequence) -> dict[str, tuple[int, ...]]:
+    """`--plan FILE`: each named dim's buckets from an `auto` bucket plan (tpu_inductor.
+    save_plans): the boundaries chosen for the input's dim under torch.compile (its key,
+    `L['ids'].size()[1]` for the dim 1 of input `ids`), a pair's joint boundaries over its keys'
+    own; dims that share a name take every one of their boundaries. The plan's buckets are the
+    artifact's: a size above the largest is refused, as with --bucket. Dims the plan has no
+    boundaries for are left out; a plan with none for any named dim is an OptionError."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"the bucket plan {path} does not exist")
+    plan = BucketPlan.load(path)
+    keys = {
+        f"L[{spec.name!r}].size()[{i}]": dim
+        for spec in inputs
+        for i, dim in enumerate(spec.shape)
+        if isinstance(dim, str)
+    }
+    joint = {
+        key: sizes
+        for pair, chosen in plan.joint.items()
+        if set(pair) <= set(keys)
+        for key, sizes in zip(pair, chosen)
+    }
+    found: dict[str, set[int]] = {}
+    for key, dim in keys.items():
+        sizes = joint.get(key) or plan.boundaries.get(key, ())
+        if sizes:
+            found.setdefault(dim, set()).update(sizes)
+    if keys and not found:
+        known = sorted({*plan.boundaries, *(k for pair in plan.joint for k in pair)})
+        raise OptionError(
+            f"tpu-inductor: the bucket plan {path} has no boundaries for the named dims "
+            f"{sorted(keys)} (it has {known or 'none'}): save it (tpu_inductor.save_plans()) "
+            "after running the model under torch.compile with these input names, or give --bucket."
+        )
+    return {dim: tuple(sorted(sizes)) for dim, sizes in found.items()}
 
 
 def padded_sizes(buckets: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:

@@ -21,6 +21,9 @@ def add_subcommands(commands) -> None:
     comp.add_argument("target", help="module:factory (returns an nn.Module) or a saved .pt2")
     comp.add_argument("--input", action="append", required=True, metavar="NAME:DTYPE[SHAPE]")
     comp.add_argument("--bucket", action="append", default=[], metavar="DIM=A,B,C")
+    comp.add_argument(
+        "--plan", metavar="FILE", help="buckets from an auto bucket plan (tpu_inductor.save_plans)"
+    )
     comp.add_argument("--platform", choices=sorted(aot.PLATFORMS))
     comp.add_argument("--x64", choices=("keep", "narrow"), default="keep")
     comp.add_argument(
@@ -49,7 +52,8 @@ def _cli_compile(args) -> int:
     if "" not in sys.path:
         sys.path.insert(0, "")  # module:factory targets are found from the current directory
     inputs = [aot.parse_input(text) for text in args.input]
-    buckets = dict(aot.parse_bucket(text) for text in args.bucket)
+    buckets = aot_buckets.buckets_from_plan(args.plan, inputs) if args.plan else {}
+    buckets.update(aot.parse_bucket(text) for text in args.bucket)  # --bucket wins
     if args.shard and not args.mesh:
         raise OptionError("tpu-inductor: --shard needs a --mesh to split over.")
     plan = None

@@ -97,7 +97,7 @@ class BucketDispatch:
     def __call__(self, args: list) -> list:
         layout = self._layout
         true = true_sizes(layout, args)
-        buckets = {s: self._bucket(s, n) for s, n in true.items()}
+        buckets = self._buckets(true)
         self.stats.served[tuple(buckets[s] for s in layout.symbols)].add(
             tuple(true[s] for s in layout.symbols)
         )
@@ -109,14 +109,19 @@ class BucketDispatch:
         }
         return unpad_outputs(layout, self._inner(padded), true, buckets)
 
-    def _bucket(self, symbol: str, size: int) -> int:
-        policy = self._policy
+    def _buckets(self, true: dict[str, int]) -> dict[str, int]:
+        """Each symbol's bucket for its true size: by the policy, or under "auto" by the plan
+        (a pair's joint boundaries, else the symbol's), which counts the call."""
+        symbols = self._layout.symbols
+        policies = (self._policy,) * len(symbols)
         if self._plan is not None:
-            key = self._layout.keys[symbol]
-            self._plan.observe(key, size)
-            policy = self._plan.policy_for(key, policy)
-        bucket = policy.bucket(size, self._layout.bounds.get(symbol))
-        return max(bucket, size)
+            self._plan.observe_call(self._keys, tuple(true[s] for s in symbols))
+            policies = self._plan.policies_for(self._keys, self._policy)
+        bounds = self._layout.bounds
+        return {
+            s: max(policy.bucket(true[s], bounds.get(s)), true[s])
+            for s, policy in zip(symbols, policies)
+        }
 
 
 def true_sizes(layout: BucketLayout, args: list) -> dict[str, int]:
@@ -222,9 +227,7 @@ def _plan(shapes) -> bucket_policy.BucketPlan:
     """The `auto` plan of this process (one per plan file), loaded on first use."""
     key = shapes.plan
     if key not in _plans:
-        _plans[key] = (
-            bucket_policy.BucketPlan.load(key) if key else bucket_policy.BucketPlan({}, {})
-        )
+        _plans[key] = bucket_policy.BucketPlan.load(key) if key else bucket_policy.BucketPlan()
     return _plans[key]
 
 
@@ -236,19 +239,15 @@ def forget_plans() -> None:
 def save_plans(compile_cost: float = 0.0, max_buckets: int | None = None) -> list[str]:
     """Choose the `auto` policy's boundaries from every size seen so far and write each plan
     that has a file (option shapes.plan); returns their paths. A new process, or `tpu-inductor
-    compile`, given the same file buckets at these boundaries.
+    compile --plan`, given the same file buckets at these boundaries.
 
-    Per symbol: at most `max_buckets` buckets (default: as many as pow2 needs for the sizes
-    seen, so never more compiles than pow2), the padded work least, plus `compile_cost` padded
-    positions per bucket (raise it to trade padding for fewer compiles)."""
-    pow2 = bucket_policy.BucketPolicy("pow2", min_bucket=1)
+    Per symbol, and jointly per pair of symbols one graph's sizes come in (batch x length):
+    at most `max_buckets` buckets, per pair bucket pairs (default: as many as pow2 needs for
+    the sizes seen, so never more compiles than pow2), the padded work least, plus
+    `compile_cost` padded elements per bucket (raise it to trade padding for fewer compiles)."""
     saved = []
     for path, plan in _plans.items():
-        for key, sizes in plan.histogram.items():
-            budget = max_buckets or len({pow2.bucket(n) for n in sizes})
-            plan.boundaries[key] = bucket_policy.choose_boundaries(
-                sizes, max_buckets=budget, compile_cost=compile_cost
-            )
+        plan.replan(max_buckets=max_buckets, compile_cost=compile_cost)
         if path:
             plan.save(path)
             saved.append(path)

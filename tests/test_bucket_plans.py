@@ -1,0 +1,119 @@
+"""Bucket plans at work (the `auto` policy: passes/bucket_policy.py's BucketPlan, used by
+tpu_inductor/bucketing.py): a pair of symbols of one graph (batch x length) bucketed at its
+joint boundaries, in this process and in a new one reading the plan file. Compiles are counted
+(PJRT compiles), not timed; every result equals eager's with NaN in the padding."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tpu_inductor.passes.bucket_policy import BucketPlan, BucketPolicy
+
+import tpu_inductor
+from tpu_inductor import aot, aot_buckets, bucketing, cache, cli
+from tpu_inductor.exc import OptionError
+
+from .helpers import assert_same
+
+NAN_PADDING = {"pad_with": "nan"}
+# Batch x length pairs of one run: pow2 buckets them as (4, 64) and (8, 16), 2 compiles.
+PAIRS = [(3, 40), (3, 38), (6, 12), (6, 10), (7, 11), (3, 40)]
+
+
+def _new_process() -> None:
+    """As a new process: no Dynamo graph, no executable in memory, no plan read yet."""
+    torch._dynamo.reset()
+    cache.memory_cache.clear()
+    bucketing.forget_plans()
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    _new_process()
+    yield
+    _new_process()
+
+
+class _TwoDims(torch.nn.Module):
+    def forward(self, x):
+        return x.softmax(1).sum(0)  # reads across both padded dims
+
+
+def make_model() -> torch.nn.Module:
+    """The factory `tpu-inductor compile tests.test_bucket_plans:make_model` builds."""
+    return _TwoDims()
+
+
+def _two_dims(x):
+    return _TwoDims()(x)
+
+
+def _run(shapes: dict, pairs) -> tuple[dict, int]:
+    """The model compiled under `shapes` at each (batch, length): what the bucketed graph
+    reports, and the PJRT compiles it made."""
+    torch._dynamo.reset()
+    options = {"shapes": shapes, "fallback": "error"}
+    compiled = torch.compile(make_model(), backend="tpu_inductor", options=options)
+    before = tpu_inductor.compiles()
+    for b, n in pairs:
+        x = torch.randn(b, n)
+        torch._dynamo.maybe_mark_dynamic(x, 0)
+        torch._dynamo.maybe_mark_dynamic(x, 1)
+        assert_same(compiled(x), _two_dims(x), atol=1e-6, rtol=1e-5)
+    return bucketing.report()[-1], tpu_inductor.compiles() - before
+
+
+def _served(joint: dict, pairs) -> set[str]:
+    """The buckets a plan's joint entry gives `pairs`, as the report names them."""
+    batch, length = (BucketPolicy("sizes", sizes=b) for b in joint["boundaries"])
+    return {str((batch.bucket(b), length.bucket(n))) for b, n in pairs}
+
+
+def test_the_joint_plan_is_chosen_saved_and_used_by_a_new_process(tmp_path):
+    plan = tmp_path / "plan.json"
+    shapes = {"policy": "auto", "plan": str(plan), **NAN_PADDING}
+    first, first_compiles = _run(shapes, PAIRS)  # no plan yet: as pow2
+    assert set(first["buckets"]) == {"(4, 64)", "(8, 16)"} and first_compiles == 2
+    assert tpu_inductor.save_plans() == [str(plan)]
+    doc = json.loads(plan.read_text())
+    (joint,) = doc["joint"]
+    assert joint["symbols"] == ["L['x'].size()[0]", "L['x'].size()[1]"]
+    assert sum(c for *_, c in joint["histogram"]) == len(PAIRS)
+    # Each key alone would bucket otherwise: the pair's boundaries must win.
+    for key, single in zip(joint["symbols"], ([8], [64])):
+        doc["symbols"][key]["boundaries"] = single
+    plan.write_text(json.dumps(doc))
+    _new_process()  # the plan read from its file
+    second, second_compiles = _run(shapes, PAIRS)
+    assert set(second["buckets"]) == _served(joint, PAIRS)
+    assert second_compiles <= first_compiles  # never more compiles than pow2
+    assert second["padded_share"] < first["padded_share"]
+
+
+def test_the_aot_compiler_takes_the_plans_buckets(tmp_path):
+    plan, out = tmp_path / "plan.json", tmp_path / "artifact"
+    _run({"policy": "auto", "plan": str(plan)}, PAIRS)
+    assert tpu_inductor.save_plans() == [str(plan)]
+    (joint,) = json.loads(plan.read_text())["joint"]
+    args = ["compile", "tests.test_bucket_plans:make_model", "--input", "x:float32[B,S]"]
+    assert cli.main([*args, "--plan", str(plan), "--out", str(out)]) == 0
+    manifest = aot.read_manifest(out)
+    assert manifest["buckets"] == dict(zip("BS", joint["boundaries"]))
+    assert all(e["padded"] for e in manifest["entries"])
+    loaded, before = aot.load(out, pad_with="nan"), tpu_inductor.compiles()
+    for b, n in PAIRS:
+        x = torch.randn(b, n)
+        assert_same(loaded(x), _two_dims(x), atol=1e-6, rtol=1e-5)
+    assert tpu_inductor.compiles() == before  # every size served by a compiled bucket
+
+
+def test_a_plan_that_names_no_input_dim_says_what_it_has(tmp_path):
+    plan = tmp_path / "plan.json"
+    BucketPlan(boundaries={"L['x'].size()[1]": (16,)}).save(plan)
+    specs = [aot.parse_input("ids:int64[B,S]")]
+    with pytest.raises(OptionError, match=r"no boundaries for the named dims .*L\['x'\]"):
+        aot_buckets.buckets_from_plan(plan, specs)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        aot_buckets.buckets_from_plan(tmp_path / "typo.json", specs)
