@@ -379,3 +379,40 @@ def trilinear(ctx, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     product = expanded(i1, expand1) * expanded(i2, expand2) * expanded(i3, expand3)
     axes = tuple(d % total for d in sumdim)
     return jnp.sum(product, axis=axes).astype(ctx.out_dtype)
+
+
+# --- antialiased bilinear resampling -----------------------------------------------------------
+
+
+def _aa_weights(size: int, out: int, align_corners: bool, scale) -> np.ndarray:
+    """[out, size] weights of torch's antialiased bilinear kernel (_compute_weights_aa): a
+    triangle filter stretched by the scale when downsampling, each row normalised."""
+    if align_corners:
+        ratio = (size - 1) / (out - 1) if out > 1 else 0.0
+    else:
+        ratio = 1.0 / scale if scale else size / out
+    support = ratio if ratio >= 1.0 else 1.0
+    invscale = 1.0 / ratio if ratio >= 1.0 else 1.0
+    weights = np.zeros((out, size), np.float64)
+    for i in range(out):
+        center = ratio * (i + 0.5)
+        lo = max(int(center - support + 0.5), 0)
+        hi = min(int(center + support + 0.5), size)
+        taps = np.arange(lo, hi)
+        w = np.maximum(0.0, 1.0 - np.abs((taps - center + 0.5) * invscale))
+        total = w.sum()
+        weights[i, lo:hi] = w / total if total != 0 else w
+    return weights
+
+
+@register_lowering(aten._upsample_bilinear2d_aa.default)
+def upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
+    """Separable: the height weights, then the width weights, as matrices over the input."""
+    (h, w), (oh, ow) = x.shape[-2:], output_size
+    compute = jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else x.dtype
+    wh = jnp.asarray(_aa_weights(h, oh, align_corners, scales_h), compute)
+    ww = jnp.asarray(_aa_weights(w, ow, align_corners, scales_w), compute)
+    out = jnp.einsum(
+        "oh,...hw,pw->...op", wh, x.astype(compute), ww, precision=lax.Precision.HIGHEST
+    )
+    return out.astype(x.dtype)

@@ -414,3 +414,15 @@ def unfold(x, dimension, size, step):
     index = starts[:, None] + jnp.arange(size)[None, :]  # [count, size]
     taken = jnp.take(x, index, axis=axis)  # inserts [count, size] at axis
     return jnp.moveaxis(taken, axis + 1, -1)
+
+
+def _resize_within(node) -> bool:
+    """A resize to no more elements than the input holds (more would be uninitialised memory)."""
+    x, size = node.args[0].meta["val"], node.args[1]
+    return math.prod(size) <= x.numel()
+
+
+@register_lowering(aten.resize.default, supports=_resize_within)
+def resize(x, size, *, memory_format=None):
+    """The functional resize_: the first prod(size) elements in row-major order, reshaped."""
+    return x.reshape(-1)[: math.prod(size)].reshape(size)

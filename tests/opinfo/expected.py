@@ -3,9 +3,6 @@
 """
 
 EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
-    "_upsample_bilinear2d_aa": {
-        "float32": ("unsupported", "no lowering rule yet for aten._upsample_bilinear2d_aa.default"),
-    },
     "allclose": {
         "float32": (
             "untraceable",
@@ -173,9 +170,6 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
     },
     "pca_lowrank": {
         "float32": ("unsupported", "no lowering rule yet for aten._linalg_svd.default"),
-    },
-    "resize_as_": {
-        "float32": ("unsupported", "no lowering rule yet for aten.resize.default"),
     },
     "sparse.mm.reduce": {
         "float32": (
