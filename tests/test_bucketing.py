@@ -351,3 +351,29 @@ def test_a_training_step_with_an_attention_mask_equals_eager(name):
         for key in expected_grads:
             assert_same(grads[key], expected_grads[key], atol=1e-5, rtol=1e-4)
     assert _compiles() - before <= 2
+
+
+def test_a_bucket_never_passes_a_bound_the_graph_implies():
+    """A table sliced to the length (positions: 20 rows) and mark_dynamic(max=40) bound the
+    bucket: pow2 would pad 17 to 32 and 33 to 64, past what the graph can take."""
+    table = torch.randn(20, 4)
+
+    def positions(x):
+        return (x + table[: x.shape[1]]).softmax(1)
+
+    def capped(x):
+        return x.softmax(1).sum(1)
+
+    for fn, lengths, mark, bucket in (
+        (positions, (17, 19, 20), torch._dynamo.maybe_mark_dynamic, "(20,)"),
+        (capped, (33, 39), lambda x, d: torch._dynamo.mark_dynamic(x, d, min=2, max=40), "(40,)"),
+    ):
+        torch._dynamo.reset()
+        compiled = _compile(fn, {"policy": "pow2", **NAN_PADDING})
+        before = _compiles()
+        for n in lengths:
+            x = torch.randn(2, n, 4)
+            mark(x, 1)
+            assert_same(compiled(x), fn(x), atol=1e-6, rtol=1e-5)
+        assert set(bucketing.report()[-1]["buckets"]) == {bucket}
+        assert _compiles() - before == 1
