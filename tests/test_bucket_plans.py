@@ -117,3 +117,36 @@ def test_a_plan_that_names_no_input_dim_says_what_it_has(tmp_path):
         aot_buckets.buckets_from_plan(plan, specs)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         aot_buckets.buckets_from_plan(tmp_path / "typo.json", specs)
+
+
+class _Lengths(torch.nn.Module):
+    def forward(self, x):
+        return x.softmax(1).sum(1)
+
+
+def test_precompile_from_a_plan_compiles_its_buckets_and_nothing_after(tmp_path):
+    from tpu_inductor.config import Options
+
+    shapes = {"policy": "auto", "plan": str(tmp_path / "plan.json"), **NAN_PADDING}
+    options = {"shapes": shapes, "fallback": "error"}
+    lengths = [20, 21, 22, 23, 40, 41, 42, 20]
+
+    def serve(compiled):
+        for n in lengths:
+            x = torch.randn(2, n)
+            torch._dynamo.maybe_mark_dynamic(x, 1)
+            assert_same(compiled(x), _Lengths()(x), atol=1e-6, rtol=1e-5)
+
+    serve(torch.compile(_Lengths(), backend="tpu_inductor", options=options))
+    tpu_inductor.save_plans()
+    chosen = json.loads((tmp_path / "plan.json").read_text())["symbols"]["L['x'].size()[1]"]
+    _new_process()
+    compiled = torch.compile(_Lengths(), backend="tpu_inductor", options=options)
+    before = tpu_inductor.compiles()
+    record = Options.from_user(options).shapes
+    buckets = tpu_inductor.precompile(compiled, (torch.randn(2, 5),), {0: 1}, 42, record)
+    assert buckets == chosen["boundaries"] == [23, 42]  # pow2 would be 32 and 64
+    assert tpu_inductor.compiles() - before == len(buckets)
+    warm = tpu_inductor.compiles()
+    serve(compiled)
+    assert tpu_inductor.compiles() == warm

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import inspect
 import logging
 import math
 from typing import Any
@@ -260,11 +261,18 @@ def precompile(compiled_fn, example_inputs, dims, largest: int, shapes=None, pro
 
     Each bucket is one call at the bucket's size, the inputs cut or repeated along `dims` (under
     torch.no_grad: forward graphs). `shapes`: the options' `shapes` record (the policy's
-    buckets); `progress(label)`, if given, is told each bucket as it starts."""
+    buckets; under "auto" with a plan, the boundaries it has for the dims, as a new process
+    serving from the plan will use them); `progress(label)`, if given, is told each bucket as
+    it starts."""
     from .config import Options
 
     shapes = shapes or Options.from_user().shapes
-    buckets = policy_of(shapes).buckets_up_to(largest)
+    policy = policy_of(shapes)
+    if shapes.policy == "auto":
+        plan = _plan(shapes)
+        keys = [k for k in _keys(compiled_fn, dims) if plan.boundaries.get(k)]
+        policy = plan.policy_for(keys[0], policy) if keys else policy
+    buckets = policy.buckets_up_to(largest)
     for bucket in buckets:
         if progress is not None:
             progress(f"bucket {bucket}")
@@ -275,6 +283,20 @@ def precompile(compiled_fn, example_inputs, dims, largest: int, shapes=None, pro
         with torch.no_grad():
             compiled_fn(*inputs)
     return buckets
+
+
+def _keys(compiled_fn, dims) -> list[str]:
+    """The plan keys Dynamo gives the sizes of `dims` ({position: dim}) of `compiled_fn`'s
+    inputs: `L['x'].size()[1]` for dim 1 of its argument `x` (a module's: its forward's)."""
+    fn = getattr(compiled_fn, "_orig_mod", None) or getattr(
+        compiled_fn, "_torchdynamo_orig_callable", compiled_fn
+    )
+    fn = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # no signature to read: the policy's buckets
+        return []
+    return [f"L[{names[p]!r}].size()[{d}]" for p, d in dims.items() if p < len(names)]
 
 
 def _resized(tensor: torch.Tensor, dim: int, size: int) -> torch.Tensor:
