@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from . import ledger, residency
+from . import distributed, ledger, residency
 from .exc import CompileError, DeviceError
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,10 @@ def mesh_device(name: str, axes: Sequence[tuple[str, int]]) -> Device:
     import jax.extend.backend as jeb
 
     count = math.prod(size for _, size in axes)
-    if name == "cpu":
+    if distributed.active():  # every process's devices, by global id
+        client = jeb.get_backend(name)
+        found = sorted(client.devices(), key=lambda d: d.id)
+    elif name == "cpu":
         client = _synchronous_cpu_client()
         found = client.local_devices()
     else:
@@ -153,7 +156,8 @@ def mesh_device(name: str, axes: Sequence[tuple[str, int]]) -> Device:
             f"devices; {len(found)} here.{hint}"
         )
     mesh = tuple(found[:count])
-    return Device(client, mesh[0], name, axes=tuple(axes), mesh=mesh)
+    local = next((d for d in mesh if d.process_index == client.process_index()), mesh[0])
+    return Device(client, local, name, axes=tuple(axes), mesh=mesh)
 
 
 @functools.cache  # one client, whether the device was asked for as "auto" or "cpu"
@@ -339,7 +343,7 @@ class _Transfer:
             with _exact_dtypes():  # an int64 argument stays int64 (the module's dtype)
                 shards = [
                     jax.device_put(_numpy_copy(tensor[index]), device)
-                    for device, index in sharding.devices_indices_map(shape).items()
+                    for device, index in sharding.addressable_devices_indices_map(shape).items()
                 ]
             return jax.make_array_from_single_device_arrays(shape, sharding, shards)
         if not tensor.is_contiguous():
@@ -458,6 +462,7 @@ class CompiledGraph:
         # Per module argument (the seed last), how it is split over a mesh; None: one device.
         self._shardings = _argument_shardings(device, lowered, executable)
         self._result_shardings = _result_shardings(device, executable)
+        self._multiprocess = bool(device.mesh) and distributed.active()
         self.per_call = collections.Counter()  # what one steady-state call moves
         for slot, _, _ in self._per_call:
             self.per_call[ledger.HOST_TO_DEVICE, "argument"] += sizes[slot]
@@ -519,9 +524,13 @@ class CompiledGraph:
         if self.lowered.uses_rng:
             seed = torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32)
             arrays.insert(0, to_device(seed, shardings[-1]))
+        if self._multiprocess:
+            distributed.execution_started()
         results = self._results(self.executable.execute_sharded(arrays))
         ledger.add(self._per_call_entries, self.ledger)
         outs = self._outputs(results)
+        if self._multiprocess:
+            distributed.execution_finished()
         for position, result in self.lowered.mutations:
             args[position].copy_(outs[result])
             if self._mirror_key is not None:
