@@ -252,8 +252,7 @@ def _slice(b, node):
     if out_size in b.symbols:  # a table sliced to a length: real rows first, valid padding
         if start not in (0, None) or step != 1 or not in_size.is_Integer:
             raise Refused(f"{node.name}: a slice to a padded length must start at 0")
-        bound = b.bounds.get(str(out_size))
-        b.bounds[str(out_size)] = int(in_size) if bound is None else min(bound, int(in_size))
+        b.bound(out_size, int(in_size))
     return b.fresh_check(node, tuple(out))
 
 
@@ -424,7 +423,42 @@ def _embedding(b, node):
     weight, indices = node.args[:2]
     if b._has_padding(weight):
         raise Refused(f"{node.name}: an embedding table with padded rows")
+    rows, positions = weight.meta["val"].shape[0], _positions(indices)
+    found = b.symbol_of(positions[0]) if positions and isinstance(rows, int) else None
+    if found is not None:  # positions a + (0..s+c-1) look up a table: s <= rows - a - c
+        b.bound(found[0], max(rows - positions[1] - found[1], 0))
     return (*b.layout(indices), (size_expr(node.meta["val"].shape[-1]),))
+
+
+_SAME_VALUES = {*VIEWS, aten.unsqueeze.default, aten.expand.default, aten._to_copy.default}
+_SAME_VALUES |= {aten.clone.default, aten.alias.default}
+_ARANGES = {aten.arange.default, aten.arange.start, aten.arange.start_step}
+_ADDS = {aten.add.Tensor, aten.add.Scalar}
+
+
+def _positions(node) -> tuple[sympy.Expr, int] | None:
+    """(length, first value) of the step-1 arange whose values `node` holds, through views,
+    casts and adding an int (a first value that is a size counts as 0: it is >= 0); or None."""
+    first = 0
+    while isinstance(node, torch.fx.Node) and node.op == "call_function":
+        if node.target in _SAME_VALUES:
+            node = node.args[0]
+        elif node.target in _ADDS and _plain_int(node.args[1]) and not node.kwargs:
+            first, node = first + node.args[1], node.args[0]
+        else:
+            break
+    if not isinstance(node, torch.fx.Node) or node.target not in _ARANGES:
+        return None
+    start = 0 if node.target is aten.arange.default else node.args[0]
+    step = node.args[2] if len(node.args) > 2 else 1
+    first += start if _plain_int(start) else 0  # a symbolic start is a length: >= 0
+    if step != 1 or first < 0:
+        return None
+    return size_expr(node.meta["val"].shape[0]), first
+
+
+def _plain_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _index(b, node):

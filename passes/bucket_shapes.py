@@ -283,6 +283,11 @@ class _Bucketing:
             return layout
         return self._fresh(node.meta["val"].shape, node)
 
+    def bound(self, symbol, largest: int) -> None:
+        """What the graph implies: `symbol` is at most `largest` (its bucket never passes it)."""
+        bound = self.bounds.get(str(symbol))
+        self.bounds[str(symbol)] = largest if bound is None else min(bound, largest)
+
     def fresh_check(self, node, layout) -> Layout:
         for factors in layout:
             for f in factors:

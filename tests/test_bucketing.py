@@ -354,8 +354,9 @@ def test_a_training_step_with_an_attention_mask_equals_eager(name):
 
 
 def test_a_bucket_never_passes_a_bound_the_graph_implies():
-    """A table sliced to the length (positions: 20 rows) and mark_dynamic(max=40) bound the
-    bucket: pow2 would pad 17 to 32 and 33 to 64, past what the graph can take."""
+    """A table sliced to the length (positions: 20 rows), positions looked up in a table and
+    mark_dynamic(max=40) bound the bucket: pow2 would pad 17 to 32 and 33 to 64, past what the
+    graph can take."""
     table = torch.randn(20, 4)
 
     def positions(x):
@@ -364,8 +365,12 @@ def test_a_bucket_never_passes_a_bound_the_graph_implies():
     def capped(x):
         return x.softmax(1).sum(1)
 
+    def embedded(x):  # positions 2.. looked up: 18 rows of 20 are left for them
+        return (x + F.embedding(torch.arange(x.shape[1]) + 2, table)).softmax(1)
+
     for fn, lengths, mark, bucket in (
         (positions, (17, 19, 20), torch._dynamo.maybe_mark_dynamic, "(20,)"),
+        (embedded, (17, 18), torch._dynamo.maybe_mark_dynamic, "(18,)"),
         (capped, (33, 39), lambda x, d: torch._dynamo.mark_dynamic(x, d, min=2, max=40), "(40,)"),
     ):
         torch._dynamo.reset()
@@ -377,3 +382,20 @@ def test_a_bucket_never_passes_a_bound_the_graph_implies():
             assert_same(compiled(x), fn(x), atol=1e-6, rtol=1e-5)
         assert set(bucketing.report()[-1]["buckets"]) == {bucket}
         assert _compiles() - before == 1
+
+
+def test_gpt2s_position_table_bounds_its_bucket():
+    """GPT-2 with 64 positions under multiple=48: 50 and 60 pad to 64 (the table's end), not
+    96; one compile, equal to eager with NaN in the padding."""
+    from . import hf_zoo
+
+    model = hf_zoo.build("gpt2", hf_zoo.Size(seq=32))[0]
+    compiled = _compile(model, {"policy": "multiple", "multiple": 48, **NAN_PADDING})
+    before = _compiles()
+    with torch.no_grad():
+        for n in (50, 60):
+            ids = torch.randint(0, 100, (2, n))
+            torch._dynamo.maybe_mark_dynamic(ids, 1)
+            assert_same(compiled(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-4)
+    assert set(bucketing.report()[-1]["buckets"]) == {"(64,)"}
+    assert _compiles() - before == 1
