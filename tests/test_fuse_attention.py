@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import math
+import re
 
 import pytest
 import torch
@@ -262,3 +263,24 @@ def test_op_lowering_against_its_kernels(mask_shape, kv_heads, diagonal):
 
     masks = () if mask_shape is None else (torch.randn(mask_shape),)
     check_against_eager(forward_and_backward, q, k, v, grad, *masks, rtol=1e-5, atol=1e-5)
+
+
+def test_op_lowering_keeps_scores_in_float32(tmp_path):
+    """A bool mask and a causal diagonal become a float32 bias: under x64="keep" a jax where of
+    Python floats is float64, which made every score float64 (twice the temporaries)."""
+    from tpu_inductor.attention_op import ops
+
+    q, k, v = torch.randn(1, 4, 5, 8), torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)
+    mask = torch.rand(5, 7) > 0.3
+
+    def fn(q, k, v, mask):
+        return ops.attention(q, k, v, mask, 0.3, 2)[0]
+
+    torch._dynamo.reset()
+    options = {"cache": False, "fallback": "error", "dump_dir": str(tmp_path)}
+    assert_same(
+        torch.compile(fn, backend="tpu_inductor", options=options)(q, k, v, mask), fn(q, k, v, mask)
+    )
+    stablehlo = "".join(p.read_text() for p in tmp_path.rglob("*_stablehlo.mlir"))
+    assert "tensor<1x2x10x7xf32>" in stablehlo  # the grouped scores
+    assert not re.search(r"tensor<[0-9x]+xf64>", stablehlo)  # (a float64 constant is fine)
