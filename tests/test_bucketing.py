@@ -296,6 +296,12 @@ def test_compile_json_explain_and_the_recompile_reason_show_buckets(tmp_path):
     assert "bucket {\"L['x'].size()[1]\": 16}" in text  # 9: a new bucket, explained
     assert "A new bucket" in text
     assert "not bucketed: " in text and "sort" in text
+    shares = {  # compile.json: each bucket's true sizes and the padded share of their call
+        (c["bucketing"]["bucket"]["L['x'].size()[1]"], c["bucketing"]["padded_share"])
+        for c in report.load_run(tmp_path)
+        if c.get("bucketing") and "bucket" in c["bucketing"]
+    }
+    assert shares == {(4, 0.25), (8, 0.375), (16, 0.4375)}  # 3 of 4, 5 of 8, 9 of 16
 
 
 def test_bucketed_results_equal_the_exact_size_compile_to_a_few_ulp():

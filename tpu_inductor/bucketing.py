@@ -102,11 +102,14 @@ class BucketDispatch:
         self.stats.served[tuple(buckets[s] for s in layout.symbols)].add(
             tuple(true[s] for s in layout.symbols)
         )
-        padded = pad_inputs(layout, args, true, buckets, self._pad_with, self.stats)
+        stats, before = self.stats, (self.stats.real_elements, self.stats.padded_elements)
+        padded = pad_inputs(layout, args, true, buckets, self._pad_with, stats)
+        real, pad = stats.real_elements - before[0], stats.padded_elements - before[1]
         self._observer.bucketing = {
             "bucket": dict(zip(self._keys, buckets.values())),
             "true_sizes": dict(zip(self._keys, true.values())),
             "policy": self._policy.kind,
+            "padded_share": round(pad / (real + pad), 4) if pad else 0.0,  # of this call's
         }
         return unpad_outputs(layout, self._inner(padded), true, buckets)
 
