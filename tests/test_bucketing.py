@@ -26,6 +26,7 @@ POLICIES = [
     {"policy": "pow2", "min_bucket": 16, **NAN_PADDING},
     {"policy": "multiple", "multiple": 8, **NAN_PADDING},
     {"policy": "sizes", "sizes": [4, 16, 40], **NAN_PADDING},
+    {"policy": "pow2", "pad_with": "inf"},  # +inf: what a max or a softmax would let through
 ]
 
 
@@ -74,6 +75,7 @@ def _ops(x, w, table, ids):
     shapes=st.sampled_from(POLICIES),
 )
 @example(batch=2, lengths=[3, 5, 17, 33], shapes=POLICIES[0])
+@example(batch=2, lengths=[3, 5, 17, 33], shapes=POLICIES[-1])
 def test_every_masked_op_equals_eager_at_the_true_sizes(batch, lengths, shapes):
     torch._dynamo.reset()
     w, table = torch.randn(8, 8), torch.randn(50, 4)

@@ -2,7 +2,7 @@
 sizes and policies.
 
 GPT-2, BERT, Llama and T5 at drawn lengths under a drawn policy, with and without an attention
-mask (a masked prefix in one row), the padding filled with zeros or with NaN (and the largest
+mask (a masked prefix in one row), the padding filled with zeros, NaN or +inf (and the largest
 integer in integer inputs): inference outputs, and a training step's loss and every gradient,
 equal eager's at the true sizes (float32: atol 1e-5, rtol 1e-4) and the exact-size compile's to
 a few ulp of each result's scale. A graph the pass refuses (it says why) must still be exact;
@@ -53,7 +53,7 @@ CASES = dict(
     lengths=st.lists(st.integers(3, 30), min_size=2, max_size=2, unique=True),
     shapes=st.sampled_from(POLICIES),
     masked=st.booleans(),
-    pad_with=st.sampled_from(["zeros", "nan"]),
+    pad_with=st.sampled_from(["zeros", "nan", "inf"]),
 )
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-4}
 ULPS = 16  # sums over a padded dim add the same real terms, maybe in another order

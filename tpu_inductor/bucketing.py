@@ -215,10 +215,11 @@ def _evaluator(expr: sympy.Expr):
 
 
 def _fill(dtype: torch.dtype, pad_with: str):
+    """What fills `dtype`'s padding: 0, or ("nan", "inf") NaN or +inf, True, the largest int."""
     if pad_with == "zeros":
         return 0
     if dtype.is_floating_point or dtype.is_complex:
-        return float("nan")
+        return float(pad_with)
     if dtype == torch.bool:
         return True
     return torch.iinfo(dtype).max

@@ -47,9 +47,9 @@ class ShapeOptions:
     sizes: tuple[int, ...] = ()
     # "auto": the plan file (sizes seen, boundaries chosen); None: kept in this process only.
     plan: str | None = _knob(None, unset="to keep the plan in this process only")
-    # What fills the padding: "zeros", or "nan" (NaN, and the largest integer) to prove in a
-    # test that no padded value reaches a real result.
-    pad_with: str = _knob("zeros", choices=("zeros", "nan"))
+    # What fills the padding: "zeros", or "nan" / "inf" (NaN / +inf, and the largest integer)
+    # to prove in a test that no padded value reaches a real result.
+    pad_with: str = _knob("zeros", choices=("zeros", "nan", "inf"))
     # Concrete-size compiles kept per graph; past it the least recently used one is dropped.
     max_compiles: int = _knob(64, minimum=1)
 
