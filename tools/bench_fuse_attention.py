@@ -1,16 +1,23 @@
 """Benchmark the attention fusion on and off: compile seconds, steady-state milliseconds and
-the executable's temporaries (PJRT's compiled memory stats), per form and length.
+the executables' temporaries (PJRT's compiled memory stats), per form or model and length.
 
     .venv/bin/python tools/bench_fuse_attention.py [--lengths 512,2048] [--repeat 5]
+    .venv/bin/python tools/bench_fuse_attention.py --models llama,gpt2,bert,mixtral \
+        [--attn sdpa,eager] [--lengths 512,4096]
 
 Forms: Hugging Face Llama's eager attention (GQA 8 query / 2 KV heads by repeat_kv, a causal
 float bias built in the graph, softmax in float32), the same with a padding mask given, and
-SDPA with repeated K/V. Caches are off; each configuration compiles once in this process.
+SDPA with repeated K/V. Models: tests/hf_zoo.py's, at `MODEL_SIZE` (d128, 2 layers, 8 heads,
+GQA 8/4 for the decoders, batch 1), inference, with each `--attn` implementation; `fused`
+counts the attentions rewritten to the op. Before the first, a one-op compile initializes jax. Caches are off; each configuration
+compiles once in this process; the first call's seconds include Dynamo and AOTAutograd.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import functools
 import statistics
 import sys
 import time
@@ -20,8 +27,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tpu_inductor.passes import pipeline  # noqa: E402
+
+from tests import hf_zoo  # noqa: E402
 from tests.attention_forms import _repeat_kv, _tril  # noqa: E402
-from tpu_inductor import runtime  # noqa: E402
+from tpu_inductor import cache, runtime  # noqa: E402
 
 HEADS, KV_HEADS, DIM = 8, 2, 64
 
@@ -47,6 +57,7 @@ def sdpa_repeat_kv(q, k, v, m):
 FORMS = {"llama_eager": llama_eager, "llama_eager_padded": llama_eager_padded}
 FORMS["sdpa_repeat_kv"] = sdpa_repeat_kv
 
+_FUSED = ("written_out", "sdpa_forward")  # fuse_attention's counts of attentions made the op
 _temps: list[int] = []
 _compile = runtime.compile_stablehlo
 
@@ -58,29 +69,65 @@ def _recording_compile(module, device):
     return executable
 
 
+def _options(fuse: bool) -> dict:
+    return {"cache": False, "fallback": "error", "fusion": {"attention": fuse}}
+
+
+def _timed(call, repeat: int) -> dict:
+    """The first call's seconds, the median of `repeat` more in ms, the temporaries (MiB) of
+    what compiled (summed over its executables, counted), and how many attentions became the op,
+    under no_grad."""
+    _temps.clear()
+    cache.memory_cache.clear()  # an executable another configuration compiled is compiled again
+    runtime.forget_executables()
+    before = collections.Counter(pipeline.counters)
+    with torch.no_grad():
+        start = time.perf_counter()
+        call()
+        compile_s = time.perf_counter() - start
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+    fused = sum(
+        pipeline.counters[f"fuse_attention.{k}"] - before[f"fuse_attention.{k}"] for k in _FUSED
+    )
+    return {
+        "compile_s": compile_s,
+        "step_ms": 1e3 * statistics.median(times),
+        "temp_mib": sum(_temps) / 2**20,
+        "executables": len(_temps),
+        "fused": fused,
+    }
+
+
 def measure(fn, length: int, fuse: bool, repeat: int) -> dict:
     torch.manual_seed(0)
     q = torch.randn(1, HEADS, length, DIM)
     k, v = (torch.randn(1, KV_HEADS, length, DIM) for _ in range(2))
     m = torch.where(torch.rand(1, 1, length, length) < 0.9, 0.0, torch.finfo(torch.float32).min)
     torch._dynamo.reset()
-    options = {"cache": False, "fallback": "error", "fusion": {"attention": fuse}}
-    compiled = torch.compile(fn, backend="tpu_inductor", options=options)
-    _temps.clear()
-    with torch.no_grad():
-        start = time.perf_counter()
-        compiled(q, k, v, m)
-        compile_s = time.perf_counter() - start
-        times = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            compiled(q, k, v, m)
-            times.append(time.perf_counter() - start)
-    return {
-        "compile_s": compile_s,
-        "step_ms": 1e3 * statistics.median(times),
-        "temp_mib": sum(_temps) / 2**20,
-    }
+    compiled = torch.compile(fn, backend="tpu_inductor", options=_options(fuse))
+    return _timed(lambda: compiled(q, k, v, m), repeat)
+
+
+MODEL_SIZE = dict(hidden=128, layers=2, heads=8, batch=1)
+
+
+def measure_model(name: str, attn: str, length: int, fuse: bool, repeat: int) -> dict:
+    model, kwargs = hf_zoo.build(name, hf_zoo.Size(**MODEL_SIZE, seq=length))
+    model.set_attn_implementation(attn)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="tpu_inductor", options=_options(fuse))
+    return _timed(lambda: compiled(**kwargs), repeat)
+
+
+def _row(label: str, length: int, fuse: bool, r: dict) -> str:
+    return (
+        f"{label:20} {length:6} {'on' if fuse else 'off':6} {r['compile_s']:9.2f} "
+        f"{r['step_ms']:8.1f} {r['temp_mib']:9.1f} {r['fused']:5} {r['executables']:5}"
+    )
 
 
 def main(argv=None) -> None:
@@ -88,17 +135,27 @@ def main(argv=None) -> None:
     parser.add_argument("--lengths", default="512,2048")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--forms", default=",".join(FORMS))
+    parser.add_argument("--models", help="tests/hf_zoo.py names, instead of the forms")
+    parser.add_argument("--attn", default="sdpa,eager", help="with --models")
     args = parser.parse_args(argv)
     runtime.compile_stablehlo = _recording_compile
-    print("form                 length fusion  compile_s  step_ms  temp_MiB")
-    for name in args.forms.split(","):
-        for length in map(int, args.lengths.split(",")):
+    lengths = [int(n) for n in args.lengths.split(",")]
+    if args.models:
+        configs = [
+            (f"{name}/{attn}", functools.partial(measure_model, name, attn))
+            for name in args.models.split(",")
+            for attn in args.attn.split(",")
+        ]
+    else:
+        configs = [
+            (name, functools.partial(measure, FORMS[name])) for name in args.forms.split(",")
+        ]
+    torch.compile(torch.neg, backend="tpu_inductor", options=_options(False))(torch.ones(2))
+    print("config               length fusion  compile_s  step_ms  temp_MiB fused execs")
+    for label, run in configs:
+        for length in lengths:
             for fuse in (False, True):
-                r = measure(FORMS[name], length, fuse, args.repeat)
-                print(
-                    f"{name:20} {length:6} {'on' if fuse else 'off':6} {r['compile_s']:9.2f} "
-                    f"{r['step_ms']:8.1f} {r['temp_mib']:9.1f}"
-                )
+                print(_row(label, length, fuse, run(length, fuse, args.repeat)), flush=True)
 
 
 if __name__ == "__main__":
