@@ -73,7 +73,10 @@ class Shardings:
         else:
             mesh = AbstractMesh(sizes, names)
         return (
-            *(None if spec is None else NamedSharding(mesh, PartitionSpec(*spec)) for spec in self.inputs),
+            *(
+                None if spec is None else NamedSharding(mesh, PartitionSpec(*spec))
+                for spec in self.inputs
+            ),
             NamedSharding(mesh, PartitionSpec()),
         )
 

@@ -22,7 +22,7 @@ import dataclasses
 
 import torch
 
-from tpu_inductor.sharding import Mesh, Spec, check_spec, common_mesh, Placement
+from tpu_inductor.sharding import Mesh, Placement, Spec, check_spec, common_mesh
 from tpu_inductor.sharding_op import decode, encode_spec, is_constraint
 
 from .context import PassContext

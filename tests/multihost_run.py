@@ -62,8 +62,12 @@ def main(argv=None) -> int:
         reference_optimizer.step()
         reference_optimizer.zero_grad()
         losses.append([loss.item(), expected.item()])
-    diff = max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))
-    print(json.dumps({"process": args.process_id, "losses": losses, "param_diff": diff}), flush=True)
+    diff = max(
+        (p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters())
+    )
+    print(
+        json.dumps({"process": args.process_id, "losses": losses, "param_diff": diff}), flush=True
+    )
     return 0
 
 

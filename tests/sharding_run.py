@@ -3,7 +3,8 @@ when jax starts): `python -m tests.sharding_run MODEL PLAN... --steps N --dump D
 
 Sets XLA_FLAGS for 8 virtual CPU devices before jax loads, trains the zoo model MODEL (a
 compiled forward and backward, a compiled AdamW step) on one device and then under each PLAN,
-and prints one JSON line per plan: each step's loss, the largest relative difference of the
+and prints one JSON line per plan: an inference call's logits against the one-device
+run's, each step's loss, the largest relative difference of the
 losses and the parameters from the one-device run, the PJRT compiles and Dynamo graphs traced
 after the first step, and the compile records' communication reports from the dump folder.
 
@@ -53,8 +54,8 @@ def _plans():
 
 
 def train(model, inputs, steps: int, placed=None, options=None):
-    """(losses, the model after `steps` AdamW steps, PJRT compiles and Dynamo graphs traced
-    after the first step)."""
+    """(the logits of an inference call first, the losses, the model after `steps` AdamW
+    steps, (PJRT compiles, Dynamo graphs traced) after the first step)."""
     torch._dynamo.reset()
     inputs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     if placed is not None:
@@ -65,9 +66,13 @@ def train(model, inputs, steps: int, placed=None, options=None):
     step = torch.compile(optimizer.step, backend="tpu_inductor", options=options)
     losses, compiles_after_first, traced_after_first = [], 0, 0
     traced = torch._dynamo.utils.counters["stats"]
-    for i in range(steps):
+    for i in range(-1, steps):
         if placed is not None and input_spec:
             tpu_inductor.mark_sharding(inputs["input_ids"], mesh, input_spec)
+        if i < 0:
+            with torch.no_grad():
+                logits = forward(**inputs).logits
+            continue
         loss = forward(**inputs, labels=inputs["input_ids"]).loss
         loss.backward()
         step()
@@ -76,8 +81,11 @@ def train(model, inputs, steps: int, placed=None, options=None):
         if i == 0:
             compiles_after_first = tpu_inductor.compiles()
             traced_after_first = traced["unique_graphs"]
-    new = tpu_inductor.compiles() - compiles_after_first, traced["unique_graphs"] - traced_after_first
-    return losses, model, new
+    new = (
+        tpu_inductor.compiles() - compiles_after_first,
+        traced["unique_graphs"] - traced_after_first,
+    )
+    return logits, losses, model, new
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -90,14 +98,17 @@ def main(argv=None) -> int:
     parser.add_argument("plans", nargs="+")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--dump", required=True)
+    parser.add_argument("--experts", default="batched_mm", help="an MoE model's implementation")
     args = parser.parse_args(argv)
-    model, inputs = hf_zoo.build(args.model, SIZE)
+    model, inputs = hf_zoo.build(args.model, SIZE, experts=args.experts)
     model.train()
-    reference_losses, reference, _ = train(copy.deepcopy(model), inputs, args.steps)
+    reference_logits, reference_losses, reference, _ = train(
+        copy.deepcopy(model), inputs, args.steps
+    )
     for name in args.plans:
         dump = Path(args.dump) / name
         options = {"dump_dir": str(dump)}
-        losses, trained, (recompiles, retraces) = train(
+        logits, losses, trained, (recompiles, retraces) = train(
             copy.deepcopy(model), inputs, args.steps, _plans()[name], options
         )
         loss_diff = max(abs(a - b) / abs(b) for a, b in zip(losses, reference_losses))
@@ -113,6 +124,7 @@ def main(argv=None) -> int:
             json.dumps(
                 {
                     "plan": name,
+                    "logits_rel_diff": _relative(logits, reference_logits),
                     "losses": losses,
                     "loss_rel_diff": loss_diff,
                     "param_rel_diff": param_diff,

@@ -32,7 +32,14 @@ def _job(*extra_for_process_1: str, steps: int = 3) -> tuple[list, float]:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     procs = [
         subprocess.Popen(
-            [*command, str(rank), port, "--steps", str(steps), *(extra_for_process_1 if rank else ())],
+            [
+                *command,
+                str(rank),
+                port,
+                "--steps",
+                str(steps),
+                *(extra_for_process_1 if rank else ()),
+            ],
             cwd=_ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -74,7 +81,9 @@ def test_a_process_that_dies_or_stalls_makes_its_peer_fail_naming_it_within_60_s
     returncode, _, err = results[0]
     assert returncode != 0
     assert names_it in err, err[-3000:]
-    (stopped,) = [float(line.split()[-1]) for line in results[1][1].splitlines() if "stopped at" in line]
+    (stopped,) = [
+        float(line.split()[-1]) for line in results[1][1].splitlines() if "stopped at" in line
+    ]
     assert ended - stopped < 60  # the job's timeout is 20 s
 
 

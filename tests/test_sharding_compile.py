@@ -24,8 +24,8 @@ from .helpers import backend_error
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(model: str, plans: list[str], tmp_path, steps: int) -> dict[str, dict]:
-    command = [sys.executable, "-m", "tests.sharding_run", model, *plans]
+def _run(model: str, plans: list[str], tmp_path, steps: int, *extra: str) -> dict[str, dict]:
+    command = [sys.executable, "-m", "tests.sharding_run", model, *plans, *extra]
     command += ["--steps", str(steps), "--dump", str(tmp_path)]
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     done = subprocess.run(command, cwd=_ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -40,12 +40,11 @@ def _collectives(row: dict, graph_kind: str) -> dict:
 
 
 @pytest.mark.parametrize("model", ["llama", "gpt2"])
-def test_sharded_training_equals_one_device_with_the_collectives_each_plan_implies(
-    model, tmp_path
-):
+def test_sharded_training_equals_one_device_with_the_collectives_each_plan_implies(model, tmp_path):
     rows = _run(model, ["dp", "fsdp", "tp", "tp_dp"], tmp_path, steps=20)
     layers = hf_zoo.TINY.layers
     for plan, row in rows.items():
+        assert row["logits_rel_diff"] < 1e-5, plan  # inference
         assert row["loss_rel_diff"] < 1e-5, (plan, row["losses"])
         # Adam divides by the root of tiny second moments: reduction-order differences in
         # near-zero gradients move a weight by ~1e-5 of the largest in 20 steps.
@@ -67,6 +66,19 @@ def test_sharded_training_equals_one_device_with_the_collectives_each_plan_impli
         forward = _collectives(rows[plan], "forward")
         assert forward["collectives"]["all-reduce"]["count"] >= 2 * layers, plan
         assert forward["per_device_bytes"]["arguments"] < total, plan
+
+
+def test_an_moe_decoder_with_expert_parallel_trains_as_on_one_device(tmp_path):
+    """The experts' stacked weights split over 4 devices (a quarter each); the partitioner
+    combines the experts' partial results with all-reduces (the Hugging Face grouped_mm
+    implementation keeps tokens whole, so there is no token dispatch to make an all-to-all)."""
+    (row,) = _run("qwen3_moe", ["ep"], tmp_path, 3, "--experts", "grouped_mm").values()
+    assert row["logits_rel_diff"] < 1e-5 and row["loss_rel_diff"] < 1e-5, row["losses"]
+    assert row["param_rel_diff"] < 1e-3
+    assert row["compiles_after_first_step"] == 0 == row["graphs_traced_after_first_step"]
+    forward = _collectives(row, "forward")
+    assert forward["per_device_bytes"]["arguments"] < row["parameter_bytes"]
+    assert forward["collectives"]["all-reduce"]["count"] > 0
 
 
 def test_a_model_placed_by_name_globs_and_styles_trains_as_on_one_device(tmp_path):
@@ -132,18 +144,27 @@ def _mlp() -> nn.Module:
 
 def test_a_spec_that_does_not_divide_names_the_parameter_its_shape_and_the_mesh():
     mesh = tpu_inductor.Mesh({"data": 2, "model": 8})
-    with pytest.raises(OptionError, match=r"parameter 0.weight \(shape \[12, 16\]\): dim 0 \(12\) "
-                       r"does not divide over mesh axis model \(8 devices\) of mesh data=2,model=8"):
+    with pytest.raises(
+        OptionError,
+        match=r"parameter 0.weight \(shape \[12, 16\]\): dim 0 \(12\) "
+        r"does not divide over mesh axis model \(8 devices\) of mesh data=2,model=8",
+    ):
         tpu_inductor.shard(_mlp(), mesh, {"0.weight": ("model", None)})
 
 
 def test_an_unknown_axis_and_an_entry_matching_nothing_are_named():
     mesh = tpu_inductor.Mesh({"data": 2})
-    with pytest.raises(OptionError, match=r"sharding \('model',\) of parameter 0.weight .* must "
-                       r"use axes of the mesh \(data=2\)"):
+    with pytest.raises(
+        OptionError,
+        match=r"sharding \('model',\) of parameter 0.weight .* must "
+        r"use axes of the mesh \(data=2\)",
+    ):
         tpu_inductor.shard(_mlp(), mesh, {"0.weight": ("model",)})
-    with pytest.raises(OptionError, match=r"plan entry 'layers\.\*\.q_proj\.weight' matches no "
-                       r"parameter or buffer of Sequential"):
+    with pytest.raises(
+        OptionError,
+        match=r"plan entry 'layers\.\*\.q_proj\.weight' matches no "
+        r"parameter or buffer of Sequential",
+    ):
         tpu_inductor.shard(_mlp(), mesh, {"layers.*.q_proj.weight": ("data",)})
     with pytest.raises(OptionError, match=r"tensor_parallel\('model'\): mesh data=2 has no axis"):
         tpu_inductor.shard(_mlp(), mesh, sharding_plans.tensor_parallel("model"))
@@ -179,7 +200,9 @@ def test_plans_resolve_to_the_specs_they_promise():
     assert specs["transformer.h.0.attn.c_attn.weight"] == (None, "model")  # Conv1D: [in, out]
     assert specs["transformer.h.0.attn.c_attn.bias"] == ("model",)
     assert specs["transformer.h.0.mlp.c_proj.weight"] == ("model", None)
-    both = sharding_plans.combine(sharding_plans.tensor_parallel("model"), sharding_plans.fsdp("data"))
+    both = sharding_plans.combine(
+        sharding_plans.tensor_parallel("model"), sharding_plans.fsdp("data")
+    )
     merged = sharding_plans.resolve(model, mesh, both)
     assert merged[f"{block}.self_attn.q_proj.weight"] == ("model", "data")
     assert merged["model.embed_tokens.weight"] == ("data",)
@@ -190,3 +213,27 @@ def test_plans_resolve_to_the_specs_they_promise():
         "2.weight": (None, "model"),
     }
     assert sharding.placement(torch.ones(2)) is None
+
+
+def test_the_communication_report_counts_each_collective_and_its_bytes():
+    from tpu_inductor import collectives
+
+    hlo = """
+  %a = f32[8,16]{1,0} all-reduce(f32[8,16]{1,0} %x), replica_groups={{0,1}}, to_apply=%sum
+  %b = (f32[4]{0}, s32[2]{0}) all-to-all(f32[4]{0} %y, s32[2]{0} %z), replica_groups={{0,1}}
+  %c = bf16[2,2]{1,0} all-gather-start(bf16[1,2]{1,0} %w), dimensions={0}
+  %d = bf16[2,2]{1,0} all-gather-done(bf16[2,2]{1,0} %c)
+  %e = pred[3]{0} collective-permute(pred[3]{0} %p), source_target_pairs={{0,1}}
+  %f = f32[8,16]{1,0} add(f32[8,16]{1,0} %a, f32[8,16]{1,0} %a)
+"""
+    assert collectives.count(hlo) == {
+        "all-reduce": {"count": 1, "bytes": 512},
+        "all-gather": {"count": 1, "bytes": 8},
+        "all-to-all": {"count": 1, "bytes": 24},
+        "collective-permute": {"count": 1, "bytes": 3},
+    }
+    line = collectives.line(
+        {"mesh": {"data": 2}, "collectives": collectives.count(hlo),
+         "per_device_bytes": {"arguments": 10, "temporaries": 2, "outputs": 1}}
+    )  # fmt: skip
+    assert line.startswith("mesh {'data': 2}: all-reduce x1 (512 B), all-gather x1 (8 B)")

@@ -56,7 +56,9 @@ def _step_figures(devices: int, size: hf_zoo.Size, steps: int) -> dict:
     for c in report.load_run(dump):
         comm = c.get("communication")
         if comm and c["graph"].split("_")[0] in ("forward", "backward"):
-            memory += comm["per_device_bytes"]["arguments"] + comm["per_device_bytes"]["temporaries"]
+            memory += (
+                comm["per_device_bytes"]["arguments"] + comm["per_device_bytes"]["temporaries"]
+            )
             communicated += sum(e["bytes"] for e in comm["collectives"].values())
     return {
         "devices": devices,

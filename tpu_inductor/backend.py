@@ -173,7 +173,9 @@ def _placements(kind: str, gm: torch.fx.GraphModule, mesh, placed, roles, saved_
         count = len(gm.graph.output_node().args[0])
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         saved = [
-            i for i in roles.saved_inputs if isinstance(placeholders[i].meta.get("val"), torch.Tensor)
+            i
+            for i in roles.saved_inputs
+            if isinstance(placeholders[i].meta.get("val"), torch.Tensor)
         ]
         layouts = {}
         if len(saved) == len(saved_layouts):

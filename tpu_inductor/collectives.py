@@ -20,23 +20,17 @@ _OP = re.compile(
     r"=\s*(?P<shape>\([^=]*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
     r"(?P<kind>" + "|".join(KINDS) + r")(?:-start)?\("
 )
-_ARRAY = re.compile(r"(?P<dtype>[a-z]+)(?P<bits>[0-9]+)\[(?P<dims>[0-9,]*)\]")
-_BITS_OF = {"pred": 8}
+_ARRAY = re.compile(r"\b(?P<dtype>pred|[a-z]+(?P<bits>[0-9]+))\[(?P<dims>[0-9,]*)\]")
 
 
 def _bytes(shape: str) -> int:
-    """Bytes of an HLO result shape (`f32[8,16]{1,0}` or a tuple of such)."""
+    """Bytes of an HLO result shape (`f32[8,16]{1,0}` or a tuple of such; pred is a byte)."""
     total = 0
     for match in _ARRAY.finditer(shape):
         count = 1
         for dim in filter(None, match["dims"].split(",")):
             count *= int(dim)
-        total += count * int(match["bits"]) // 8
-    for pred in re.finditer(r"pred\[([0-9,]*)\]", shape):
-        count = 1
-        for dim in filter(None, pred[1].split(",")):
-            count *= int(dim)
-        total += count
+        total += count * (int(match["bits"]) // 8 if match["bits"] else 1)
     return total
 
 

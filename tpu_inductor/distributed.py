@@ -50,7 +50,9 @@ def initialize(
     if _job is not None:
         raise DeviceError("tpu_inductor.distributed.initialize was called twice in one process.")
     if not (isinstance(num_processes, int) and num_processes >= 1):
-        raise OptionError(f"tpu_inductor.distributed: num_processes={num_processes!r}: a positive int.")
+        raise OptionError(
+            f"tpu_inductor.distributed: num_processes={num_processes!r}: a positive int."
+        )
     if not (isinstance(process_id, int) and 0 <= process_id < num_processes):
         raise OptionError(
             f"tpu_inductor.distributed: process_id={process_id!r} must be in 0..{num_processes - 1}."

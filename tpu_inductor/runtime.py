@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from . import distributed, ledger, residency
+from . import distributed, ledger, mesh_placement, residency
 from .exc import CompileError, DeviceError
 
 log = logging.getLogger(__name__)
@@ -340,7 +340,9 @@ class _Transfer:
             import jax
 
             shape = tuple(tensor.shape)
-            with _exact_dtypes():  # an int64 argument stays int64 (the module's dtype)
+            with (
+                mesh_placement.exact_dtypes()
+            ):  # an int64 argument stays int64 (the module's dtype)
                 shards = [
                     jax.device_put(_numpy_copy(tensor[index]), device)
                     for device, index in sharding.addressable_devices_indices_map(shape).items()
@@ -460,8 +462,8 @@ class CompiledGraph:
             if kind == "kept" and self._output_casts[r] is None and roles.keep_saved
         )
         # Per module argument (the seed last), how it is split over a mesh; None: one device.
-        self._shardings = _argument_shardings(device, lowered, executable)
-        self._result_shardings = _result_shardings(device, executable)
+        self._shardings = mesh_placement.argument_shardings(device, lowered, executable)
+        self._result_shardings = mesh_placement.result_shardings(device, lowered, executable)
         self._multiprocess = bool(device.mesh) and distributed.active()
         self.per_call = collections.Counter()  # what one steady-state call moves
         for slot, _, _ in self._per_call:
@@ -482,21 +484,12 @@ class CompiledGraph:
         axis per dim cannot say is left out. Empty on one device."""
         if self._result_shardings is None:
             return {}
-        from jax._src.sharding_impls import parse_flatten_op_sharding
-        from jax.sharding import AbstractMesh
-
-        mesh = AbstractMesh(
-            tuple(n for _, n in self.device.axes), tuple(a for a, _ in self.device.axes)
-        )
-        specs = {}
-        for index, slot in enumerate(self.lowered.outputs):
-            if slot.result in self._kept and not slot.view:
-                sharding = self._result_shardings[slot.result]
-                (spec,) = parse_flatten_op_sharding(sharding._hlo_sharding, mesh)
-                dims = [axis[0] if isinstance(axis, tuple) and len(axis) == 1 else axis for axis in spec]
-                if all(axis is None or isinstance(axis, str) for axis in dims):
-                    specs[index] = tuple(dims)
-        return specs
+        kept = {
+            index: self._result_shardings[slot.result]
+            for index, slot in enumerate(self.lowered.outputs)
+            if slot.result in self._kept and not slot.view
+        }
+        return mesh_placement.partition_specs(self.device.axes, kept)
 
     def transfer_summary(self) -> dict:
         """For compile records: what a steady-state call moves, what the first call moves
@@ -621,7 +614,7 @@ class CompiledGraph:
         import jax
 
         stats["mesh_reshards"] += 1
-        with _exact_dtypes():
+        with mesh_placement.exact_dtypes():
             return jax.device_put(array, sharding)
 
     def _resident_arguments(self, args: list) -> Sequence[Any]:
@@ -714,35 +707,6 @@ def _nbytes(spec, dtype: torch.dtype) -> int:
     return math.prod(spec.shape) * dtype.itemsize
 
 
-def _argument_shardings(device: Device, lowered, executable) -> tuple:
-    """Per module argument of `lowered` (its tensor arguments, then its seed), the jax sharding
-    that splits it over `device`'s mesh, as the executable has it (the partitioner chose the
-    open ones): all None for a module on one device."""
-    split = lowered.shardings
-    if split is None and not device.mesh:
-        return (None,) * (len(lowered.tensor_inputs) + 1)
-    if split is None or tuple(split.axes) != device.axes:
-        raise DeviceError(
-            f"tpu_inductor: a module for mesh {split and dict(split.axes)} cannot run on "
-            f"{device}: load an artifact with tpu_inductor.aot.load, which takes its mesh's devices."
-        )
-    chosen = _mesh_shardings(device, executable.get_parameter_shardings())
-    if lowered.uses_rng:  # the seed is the module's first argument; ours last
-        chosen = (*chosen[1:], chosen[0])
-    return chosen
-
-
-def _result_shardings(device: Device, executable) -> tuple | None:
-    """Per module result, its jax sharding over `device`'s mesh (None on one device)."""
-    return _mesh_shardings(device, executable.get_output_shardings()) if device.mesh else None
-
-
-def _mesh_shardings(device: Device, op_shardings) -> tuple:
-    from jax._src.sharding_impls import GSPMDSharding
-
-    return tuple(GSPMDSharding(device.mesh, op) for op in op_shardings)
-
-
 class _Resident:
     """Parameters on the device: their stamp, the module's argument list with their arrays,
     which of them are CPU copies (sent on every call), and a finalizer per parameter that
@@ -769,17 +733,6 @@ def _forget(graph_ref, state_ref) -> None:
     graph, state = graph_ref(), state_ref()
     if graph is not None and state is not None:
         graph._forget_resident(state)
-
-
-def _exact_dtypes():
-    """A scope in which jax keeps 64-bit host values 64-bit (it narrows them by default): the
-    arguments are already in the module's dtypes."""
-    import jax
-
-    enable_x64 = getattr(jax, "enable_x64", None)
-    if enable_x64 is None:  # older jax: the same State object, not yet re-exported
-        from jax._src.config import enable_x64
-    return enable_x64(True)
 
 
 def _numpy_copy(tensor: torch.Tensor):

@@ -48,7 +48,11 @@ class Mesh:
         items = tuple(axes.items()) if isinstance(axes, Mapping) else tuple(map(tuple, axes))
         for item in items:
             name, size = item if len(item) == 2 else (item, None)
-            if not (isinstance(name, str) and _AXIS.match(name)) or type(size) is not int or size < 1:
+            if (
+                not (isinstance(name, str) and _AXIS.match(name))
+                or type(size) is not int
+                or size < 1
+            ):
                 raise OptionError(
                     f"tpu_inductor: Mesh({axes!r}): each axis is a name and a positive size, "
                     'e.g. Mesh({"data": 2, "model": 4}).'
@@ -61,14 +65,6 @@ class Mesh:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.axes)
-
-    @property
-    def size(self) -> int:
-        """How many devices the mesh spans."""
-        count = 1
-        for _, n in self.axes:
-            count *= n
-        return count
 
     def __str__(self) -> str:
         return ",".join(f"{name}={size}" for name, size in self.axes)
@@ -159,8 +155,7 @@ def check_spec(
     where = f"{what} (shape {list(shape)})"
     if len(spec) > len(shape):
         raise OptionError(
-            f"{prefix}: the sharding {spec} of {where} gives {len(spec)} dims; it has "
-            f"{len(shape)}."
+            f"{prefix}: the sharding {spec} of {where} gives {len(spec)} dims; it has {len(shape)}."
         )
     sizes = dict(mesh.axes)
     used = [axis for axis in spec if axis is not None]
