@@ -260,11 +260,9 @@ class _Specializer:
         for i in positions:
             if i in specs:
                 sharding.check_spec(mesh, tuple(inputs[i].shape), specs[i], f"graph input {i}")
-        open_ = frozenset(self.roles.saved_inputs) if self.roles.keep_saved else frozenset()
-        default = {i: None for i in open_}
-        return lowering.Shardings(
-            mesh.axes, tuple(specs.get(i, default.get(i, ())) for i in positions)
-        )
+        saved = set(self.roles.saved_inputs) if self.roles.keep_saved else set()
+        split = tuple(specs.get(i, None if i in saved else ()) for i in positions)
+        return lowering.Shardings(mesh.axes, split)
 
     def lower(self, inputs, scalars: frozenset[int], record: debug.CompileRecord):
         """Stages 3-4: the graph at the sizes of `inputs`, lowered."""
