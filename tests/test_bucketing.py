@@ -293,7 +293,8 @@ def test_compile_json_explain_and_the_recompile_reason_show_buckets(tmp_path):
             assert_same(compiled(x), fn(x))
     text = report.explain(tmp_path)
     assert (
-        "bucket {\"L['x'].size()[1]\": 4} (pow2) for true sizes {\"L['x'].size()[1]\": 3}" in text
+        "bucket {\"L['x'].size()[1]\": 4} (pow2) for true sizes {\"L['x'].size()[1]\": 3}, 25% "
+        "of the input padding" in text
     )
     assert "bucket {\"L['x'].size()[1]\": 16}" in text  # 9: a new bucket, explained
     assert "A new bucket" in text

@@ -534,7 +534,7 @@ class Artifact:
 
         self._out_spec = treespec_loads(manifest["out_spec"])
         self._selector = aot_buckets.Selector(self.inputs, manifest, directory)
-        self.pad_with = pad_with  # what fills the padding of padded buckets ("zeros", "nan")
+        self.pad_with = pad_with  # what fills the padding of padded buckets ("zeros", "nan", "inf")
 
     def __call__(self, *args: torch.Tensor, **kwargs: torch.Tensor):
         values = self._bind(args, kwargs)

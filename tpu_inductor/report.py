@@ -104,9 +104,11 @@ def explain(dump_dir: str | Path, compiles: list[dict[str, Any]] | None = None) 
         if bucketing and "refused" in bucketing:
             lines.append(f"    not bucketed: {bucketing['refused']}")
         elif bucketing:
+            share = bucketing.get("padded_share")
+            padded = "" if share is None else f", {100 * share:.0f}% of the input padding"
             lines.append(
                 f"    bucket {bucketing['bucket']} ({bucketing['policy']}) for true sizes "
-                f"{bucketing['true_sizes']}"
+                f"{bucketing['true_sizes']}{padded}"
             )
         if c.get("transfers"):
             lines.append(f"    transfers: {transfer_line(c['transfers'])}")
