@@ -98,7 +98,8 @@ def _traced_strides(placeholders: list[torch.fx.Node], inputs: Sequence[Any]) ->
     kept on the device comes back dense, where the graph may have it as a view in another
     order: `a.t()` saved as [k, m] with strides (1, k) arrives as (m, 1), which a meta kernel
     may refuse (`_grouped_mm`'s, when m is odd). Such an input gets dense strides in the
-    traced order (what a static graph is lowered with); one in the traced order keeps its own."""
+    traced order (what a static graph is lowered with); one in the traced order, or traced as a
+    broadcast (stride 0), keeps its own."""
     strides = []
     for node, value in zip(placeholders, inputs):
         val = node.meta.get("val")
@@ -107,7 +108,7 @@ def _traced_strides(placeholders: list[torch.fx.Node], inputs: Sequence[Any]) ->
             continue
         traced = _hints(val.stride()) if isinstance(val, torch.Tensor) else None
         shape = tuple(value.shape)
-        if traced is None or len(traced) != len(shape):
+        if traced is None or len(traced) != len(shape) or _broadcast(traced, shape):
             strides.append(value.stride())
             continue
         order = _dim_order(traced, shape)
@@ -130,6 +131,11 @@ def _hints(values) -> tuple[int, ...] | None:
             return None
         out.append(int(hint))
     return tuple(out)
+
+
+def _broadcast(strides, shape) -> bool:
+    """Whether a dim of more than one element has stride 0 (an expand: no dense order)."""
+    return any(st == 0 and n > 1 for st, n in zip(strides, shape))
 
 
 def _dim_order(strides, shape) -> tuple[int, ...]:
