@@ -17,7 +17,10 @@ the math kernel is decomposed before this pass and met as written-out attention 
 `_safe_softmax`). Not rewritten: a softmax or score another node also reads (a training
 forward saves its softmax for the backward: the written-out backward stays as it is), dropout,
 a where/masked_fill mask next to another mask (several additive ones are summed), masks that
-are neither float biases nor -inf / finfo.min fills.
+are neither float biases nor -inf / finfo.min fills, and so written-out attention bucketed
+at symbolic lengths (bucket_shapes masks the padded keys with a where next to the model's
+mask, and both operands of the second bmm). A scale that is a 0-d tensor (a float attribute
+Dynamo passes in at dynamic=True) is applied to q: (q·kᵀ)·c as (q·c)·kᵀ.
 
 Preserves: every result (the op computes what the nodes it replaces did, in float32; a
 written-out softmax over a row of -inf stays NaN), `node.meta["val"]` (new nodes get theirs
@@ -196,12 +199,16 @@ def _written_out(softmax: torch.fx.Node, ctx: PassContext) -> None:
     masks = [(step, got) for step, got in found if step.kind in ("bias", "keep", "drop")]
     if len(masks) > 1 and any(step.kind != "bias" for step, _ in masks):
         return  # where(m, s + b, fill) is no sum of biases where a row is all fill
+    given = []  # scales that are 0-d tensors (a float attribute Dynamo passes in, dynamic=True)
     for step, got in found:
         if step.kind in ("scale", "inverse_scale"):
             c = got["c"]
-            if isinstance(c, bool) or not isinstance(c, (int, float)) or c == 0:
+            if _scalar_tensor(c):
+                given.append((aten.mul.Tensor if step.kind == "scale" else aten.div.Tensor, c))
+            elif isinstance(c, bool) or not isinstance(c, (int, float)) or c == 0:
                 return
-            scale *= c if step.kind == "scale" else 1 / c
+            else:
+                scale *= c if step.kind == "scale" else 1 / c
     k = _untransposed(kt)
     for step, got in masks:  # several additive masks (T5: position bias + mask): their sum
         made = _mask(step, got, softmax, q, k)
@@ -214,11 +221,19 @@ def _written_out(softmax: torch.fx.Node, ctx: PassContext) -> None:
             bias = made[0]
         else:
             bias = _insert(softmax, aten.add.Tensor, (bias, made[0]))
+    for op, c in given:  # (q·k)·c as (q·c)·k
+        q = _insert(out_node, op, (q, c))
     k, v, folded = _fold_gqa(q, k, v)
     counts += ["gqa_folded"] * folded
     nan_rows = bias is not None and not safe
     fused = _insert(out_node, ours.attention.default, (q, k, v, bias, scale, causal, nan_rows))
     _replace(out_node, operator.getitem, (fused, 0), counts, ctx)
+
+
+def _scalar_tensor(c) -> bool:
+    """Whether `c` is a node of a 0-d floating-point tensor."""
+    val = c.meta.get("val") if isinstance(c, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dim() == 0 and val.dtype.is_floating_point
 
 
 def _safe_guard(softmax: torch.fx.Node, scores) -> torch.fx.Node | None:

@@ -5,7 +5,7 @@ the first use, not at import (importing the matcher imports Inductor). A written
 is read from its softmax outwards, one step at a time: each step below is one ATen node between
 the scores `q·kᵀ` and the softmax, matched by its pattern; `x` is the way on towards the scores.
 
-    s * c, s / c                      -> scale (a number)
+    s * c, s / c                      -> scale (a number, or a 0-d tensor: applied to q)
     s + m                             -> additive mask m (float)
     where(m, s, fill), where(m, fill, s), masked_fill(s, m, fill)
                                       -> bool mask (fill -inf, or a finite one no score reaches)
