@@ -46,8 +46,9 @@ def _steady(step, calls: int = 2) -> dict:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_training_with_a_compiled_optimizer_step_keeps_state_on_the_device(name, device):
-    """20 AdamW steps equal eager's; in the steady state no parameter, optimizer state or saved
-    activation crosses to the device, and no saved activation comes back to the host."""
+    """20 AdamW steps equal eager's; in the steady state no parameter, optimizer state, saved
+    activation or gradient crosses to the device, and no saved activation comes back to the
+    host."""
     model, inputs = hf_zoo.build(name)
     model.train()
     reference = copy.deepcopy(model)
@@ -55,6 +56,7 @@ def test_training_with_a_compiled_optimizer_step_keeps_state_on_the_device(name,
     reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3, foreach=False)
     forward, step = _compile(model, device), _compile(optimizer.step, device)
     labels = inputs["input_ids"]
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     for i in range(20):
         tpu_inductor.reset_transfers()
         loss = forward(**inputs, labels=labels).loss
@@ -70,6 +72,8 @@ def test_training_with_a_compiled_optimizer_step_keeps_state_on_the_device(name,
             moved = tpu_inductor.transfers()
             assert moved["host_to_device"]["parameter"] == 0, moved
             assert moved["host_to_device"]["saved"] == 0, moved
+            # the gradients the backward returned are not sent again to the optimizer step
+            assert moved["host_to_device"]["argument"] < parameter_bytes / 10, moved
             assert moved["device_to_host"]["saved"] == 0, moved
             assert moved["device_to_host"]["materialized"] == 0, moved
     # Adam divides by the root of tiny second moments: rounding differences in near-zero

@@ -78,7 +78,7 @@ class CachedGraph(OutputCode):
 
     def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs) -> None:
         """On an AOTAutogradCache hit: load the executable from our compile cache."""
-        from . import compile_fx
+        from . import cached_compile
         from .exc import CacheError
 
         options = _active_options.get(None)
@@ -87,7 +87,7 @@ class CachedGraph(OutputCode):
                 "tpu_inductor: an AOTAutograd cache entry was loaded outside a tpu_inductor "
                 "backend call (no options to load it under); AOTAutograd compiles it instead"
             )
-        compiled = compile_fx.load_cached(
+        compiled = cached_compile.load_cached(
             self.kind, self.graph_key, self.static_inputs, example_inputs, options, self.roles
         )
         if compiled is None:  # AOTAutograd then counts a bypass and compiles
@@ -107,12 +107,12 @@ def enabled(gm: torch.fx.GraphModule, options: Options) -> bool:
 def backend_id(options: Options) -> str:
     """What AOTAutograd's key knows of us: options, sources and environment, and the passes
     that will run on the graph it caches (their names, sources and the options they read)."""
-    from . import cache, compile_fx, runtime
+    from . import cache, cached_compile, runtime
     from .passes import pipeline
 
     device = runtime.select_device(options.device)
     entries = [
-        *compile_fx.context_entries(options, device),
+        *cached_compile.context_entries(options, device),
         ("passes", pipeline.fingerprint(options)),
     ]
     return "tpu_inductor-" + cache.CacheKey.of(entries).digest

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from . import debug, decompositions, sharding
+from . import debug, decompositions, residency, sharding
 from .config import Options
 from .exc import DeviceError
 
@@ -46,7 +46,15 @@ def tpu_inductor(
         **dict(gm.named_parameters(remove_duplicate=False)),
         **dict(gm.named_buffers(remove_duplicate=False)),
     }
-    placed = [sharding.placement(v) for v in (*lifted.values(), *example_inputs)]
+    inputs = (*lifted.values(), *example_inputs)
+    placed = [sharding.placement(v) for v in inputs]
+    # Inputs another graph returned (gradients a compiled optimizer step takes): a device copy
+    # of them may be there (residency.mirrors), which the graph takes instead of sending them.
+    from_graphs = tuple(
+        i
+        for i, v in enumerate(inputs)
+        if isinstance(v, torch.Tensor) and residency.mirrors.has_copy(v)
+    )
     mesh = sharding.common_mesh(placed)
     # AOTAutograd's cache key knows nothing of placements: a graph over a mesh skips it (our
     # compile cache, whose key holds the mesh and specs, still serves it).
@@ -60,7 +68,7 @@ def tpu_inductor(
     def compiler(kind: str):
         def compile_one(fx_graph, inputs):
             static = _static_input_indices() if kind != "backward" else ()
-            roles = _roles(kind, fx_graph)
+            roles = _roles(kind, fx_graph, len(inputs), from_graphs)
             placements = _placements(kind, fx_graph, mesh, placed, roles, saved_layouts)
             compiled = compile_graph(
                 fx_graph,
@@ -134,18 +142,33 @@ def _static_input_indices() -> tuple[int, ...]:
     return tuple(getattr(metadata, "static_input_indices", None) or ())
 
 
-def _roles(kind: str, gm: torch.fx.GraphModule):
+def _roles(kind: str, gm: torch.fx.GraphModule, dynamo_inputs: int, from_graphs: tuple):
     """What AOTAutograd's calling convention makes of a graph's inputs and outputs: the
     activations the forward saves for the backward (a forward's outputs past its returns, its
     slice of them, tensors; a backward's inputs that are not gradients of outputs,
-    `tangents_*`), and the mutated inputs whose version its wrapper bumps after the call."""
+    `tangents_*`), the mutated inputs whose version its wrapper bumps after the call; a
+    backward's gradients become mirrors, and the inputs another graph returned
+    (`from_graphs`, positions among the `dynamo_inputs` the forward takes in order) are taken
+    from theirs."""
+    import dataclasses
+
     from .runtime import GraphRoles
 
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if kind == "backward":
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         inputs = tuple(i for i, n in enumerate(placeholders) if not n.name.startswith("tangents"))
-        return GraphRoles(saved_inputs=inputs)
+        return GraphRoles(saved_inputs=inputs, mirror_outputs=True)
+    roles = _forward_roles(kind, gm)
+    if from_graphs and len(placeholders) == dynamo_inputs:
+        roles = dataclasses.replace(roles, mirrored_inputs=from_graphs)
+    return roles
+
+
+def _forward_roles(kind: str, gm: torch.fx.GraphModule):
+    """A forward's or inference graph's roles from AOTAutograd's metadata (see `_roles`)."""
     from torch._guards import TracingContext
+
+    from .runtime import GraphRoles
 
     context = TracingContext.try_get()
     metadata = getattr(context, "fw_metadata", None) if context else None

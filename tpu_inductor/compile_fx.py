@@ -1,6 +1,6 @@
 """The one place that orders the stages, for every caller: torch.compile's forward, backward
 and inference graphs (`compile_graph`), the AOT compiler's graphs (`compile_artifact_graph`),
-and torch's AOTAutogradCache (`load_cached`: stage 4's lookup only).
+and torch's AOTAutogradCache (cached_compile.load_cached: stage 5's lookup only).
 
 Per ATen graph:
   1 passes     passes.pipeline on the WHOLE graph with a PassContext (cleanup → shapes)
@@ -8,8 +8,8 @@ Per ATen graph:
   3 specialize passes.shapes.concretize, per input signature (dispatch.SizeDispatch when sizes
                are symbolic; the value-only integers the shape pass marked are module inputs)
   4 lower      tpu_inductor.lowering.lower (or its torch-mlir frontend): StableHLO
-  5 compile    the compile cache (memory, disk) or PJRT, then stored
-  6 wrap       runtime.CompiledGraph: torch in → device → torch out
+  5 compile    the compile cache (memory, disk) or PJRT, then stored   } cached_compile.py
+  6 wrap       runtime.CompiledGraph: torch in → device → torch out     }
 
 A GraphObserver (debug.py) sees stages 1-2 of a graph and opens one CompileRecord per compile,
 whose `run(stage, fn)` times stages 3-5 and dumps what they made.
@@ -17,8 +17,6 @@ whose `run(stage, fn)` times stages 3-5 and dumps what they made.
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,13 +26,13 @@ import torch
 from . import (
     bucketing,
     cache,
+    cached_compile,
     collectives,
     debug,
     dispatch,
     lowering,
     partition,
     runtime,
-    serialize,
     sharding,
 )
 from .config import Options
@@ -42,8 +40,6 @@ from .passes import annotate_sharding, bucket_shapes, pipeline, shapes
 from .passes.context import PassContext
 
 log = logging.getLogger(__name__)
-
-_graph_ids = itertools.count()
 
 
 def compile_graph(
@@ -69,7 +65,7 @@ def compile_graph(
     # (get_attr) must be read as real tensors.
     with unset_fake_temporarily():
         device = runtime.select_device(options.device)
-        observer = debug.GraphObserver(f"{kind}_{next(_graph_ids)}", options)
+        observer = debug.GraphObserver(debug.graph_name(kind), options)
         observer.graph(f"aten_{kind}", gm)
         gm = _passes(gm, example_inputs, options, device.lowering_platform, observer, placements)
         layout = gm.meta.get("sharding")
@@ -175,12 +171,6 @@ def _compile_whole(
     return sizes
 
 
-def _kept_roles(roles: runtime.GraphRoles | None, options: Options) -> runtime.GraphRoles:
-    """`roles`, with no saved output kept on the device under `saved_on_device=False`."""
-    roles = roles or runtime.GraphRoles()
-    return dataclasses.replace(roles, keep_saved=options.saved_on_device)
-
-
 def _concrete_signature(inputs: Sequence[Any]) -> tuple | None:
     """The input signature, or None while sizes are symbolic."""
     concrete = all(dispatch.is_concrete(v) for v in inputs)
@@ -202,7 +192,7 @@ class _Specializer:
         roles: runtime.GraphRoles | None = None,
     ):
         self.gm = gm
-        self.roles = _kept_roles(roles, options)
+        self.roles = cached_compile.kept_roles(roles, options)
         # Saved activations kept on the device get module results of their own (not views).
         self._separate = frozenset(self.roles.saved_outputs if self.roles.keep_saved else ())
         self.options = options
@@ -231,7 +221,7 @@ class _Specializer:
         if self._separate:
             entries.append(("separate_outputs", tuple(sorted(self._separate))))
         record = self.observer.record(signature, self.fingerprint)
-        compiled = _cached_compile(
+        compiled = cached_compile.cached_compile(
             cache.CacheKey.of(entries),
             self.options,
             self.device,
@@ -254,15 +244,8 @@ class _Specializer:
         layout = self.gm.meta.get("sharding")
         if self.shardings is not None or (layout is None and not getattr(self.device, "mesh", ())):
             return self.shardings
-        mesh = layout.mesh if layout is not None else sharding.Mesh(self.device.axes)
-        specs = layout.inputs if layout is not None else {}
-        positions = [i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
-        for i in positions:
-            if i in specs:
-                sharding.check_spec(mesh, tuple(inputs[i].shape), specs[i], f"graph input {i}")
-        saved = set(self.roles.saved_inputs) if self.roles.keep_saved else set()
-        split = tuple(specs.get(i, None if i in saved else ()) for i in positions)
-        return lowering.Shardings(mesh.axes, split)
+        saved = self.roles.saved_inputs if self.roles.keep_saved else ()
+        return lowering.Shardings(*sharding.module_split(layout, self.device.axes, inputs, saved))
 
     def lower(self, inputs, scalars: frozenset[int], record: debug.CompileRecord):
         """Stages 3-4: the graph at the sizes of `inputs`, lowered."""
@@ -300,79 +283,3 @@ class _Specializer:
             record.timings["pjrt_compile"],
         )
         return executable, lowered
-
-
-def context_entries(options: Options, device: runtime.Device) -> list[tuple[str, Any]]:
-    """The compile-cache key entries besides the graph's: options and environment. The graph
-    entry is the graph after the passes, with what its lowering reads besides (random streams):
-    a pass that leaves a graph as it was leaves its key alone; the passes' sources are in the
-    environment's source digest, the options they read in the options entry."""
-    return [("options", options.cache_key_entries()), *cache.environment_entries(device)]
-
-
-def _cached_compile(
-    graph_key: cache.CacheKey,
-    options: Options,
-    device: runtime.Device,
-    static_inputs: Sequence[int],
-    record: debug.CompileRecord,
-    compile_fn: Callable[[], Any] | None,
-    roles: runtime.GraphRoles | None = None,
-) -> runtime.CompiledGraph | None:
-    """The graph of `graph_key` (graph and inputs entries) from the compile cache, or compiled
-    by `compile_fn` and stored; None when it is not cached and there is no `compile_fn`.
-    `roles`: as `compile_graph`'s."""
-    key = cache.CacheKey(
-        graph_key.entries + cache.CacheKey.of(context_entries(options, device)).entries
-    )
-    disk = None
-    if options.cache:
-        disk = cache.open_disk_cache(options.cache_dir, options.cache_max_mb)
-    value = cache.memory_cache.get_or_compile(
-        key,
-        compile_fn,
-        disk=disk,
-        codec=serialize.disk_codec(device),
-        info=record.cache,
-        stage=record.stage,
-        label=f"{record.graph} {record.inputs}",
-    )
-    if value is None:
-        return None
-    executable, lowered = value
-    if record.cache["decision"] in ("memory_hit", "disk_hit"):  # `compile_fn` showed the others
-        record.show(lowered)
-        record.show(executable)
-    # Inputs the graph writes (a buffer, a cache passed in) are state too: their device copy,
-    # written by this call, serves the next one (residency.mirrors).
-    mutated = tuple(position for position, _ in lowered.mutations)
-    static = tuple(dict.fromkeys((*static_inputs, *mutated))) if options.resident_params else ()
-    return runtime.CompiledGraph(executable, lowered, device, static, graph_key, roles)
-
-
-def load_cached(
-    kind: str,
-    graph_key: cache.CacheKey,
-    static_inputs: Sequence[int],
-    example_inputs: Sequence[Any],
-    options: Options,
-    roles: runtime.GraphRoles | None = None,
-) -> runtime.CompiledGraph | None:
-    """A graph compiled by an earlier process, from the compile cache only (None if absent).
-
-    For torch's AOTAutogradCache, which keeps `graph_key` and not the graph: the rest of the
-    key comes from this process's options and environment.
-    """
-    device = runtime.select_device(options.device)
-    observer = debug.GraphObserver(f"{kind}_{next(_graph_ids)}", options)
-    record = observer.record(dispatch.input_signature(example_inputs))
-    record.cache["aot_autograd"] = "hit"
-    record.cache["stages_skipped"] = "ATen graph and passes: nothing was traced in this process"
-    roles = _kept_roles(roles, options)
-    compiled = _cached_compile(graph_key, options, device, static_inputs, record, None, roles)
-    if compiled is None:
-        record.status, record.error = "failed", "not in the compile cache: compiled again"
-        return None
-    record.transfers = compiled.transfer_summary()
-    debug.finish(record)
-    return compiled

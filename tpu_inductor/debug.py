@@ -48,6 +48,13 @@ from .exc import CompileError
 log = logging.getLogger(__name__)
 
 _ids = itertools.count()
+_graph_ids = itertools.count()
+
+
+def graph_name(kind: str) -> str:
+    """A new graph's name in logs and dump folders: its kind and a number unique here."""
+    return f"{kind}_{next(_graph_ids)}"
+
 
 # Our names in torch's logging registry: `torch._logging.set_logs(modules={name: level})`.
 # (TORCH_LOGS reads module names too, e.g. "+tpu_inductor.lowering": it is parsed when torch is

@@ -110,10 +110,16 @@ _SHARING = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
 
 class Mirrors:
     """Device copies of host tensors, per device, keyed by the tensor (weakly: a tensor that
-    dies drops its copy) and valid while the tensor's stamp holds."""
+    dies drops its copy) and valid while the tensor's stamp holds.
+
+    A graph's outputs are also found by their memory (storage, offset, shape, strides, dtype):
+    autograd hands a gradient on as another tensor over the same storage (`detach`), which
+    shares its version counter, so the copy is as current for it. Such an entry dies with the
+    storage (a weak reference to it), never read for memory that was freed and reused."""
 
     def __init__(self):
         self._copies = WeakIdKeyDictionary()
+        self._by_memory: dict[tuple, tuple] = {}
 
     def get(self, tensor: torch.Tensor, device_key: Any, bumped: bool = False):
         """The device copy of `tensor` on the device of `device_key`, or None if there is none
@@ -121,6 +127,10 @@ class Mirrors:
         tensor's version once without writing it (AOTAutograd does, before calling a graph
         that writes the tensor)."""
         entry = self._copies.get(tensor)
+        if entry is None and self._by_memory:
+            entry = self._by_memory.get(_memory(tensor, device_key))
+            if entry is not None and entry[3].expired():
+                entry = None
         if entry is None or entry[0] != device_key:
             return None
         version, storage = stamp(tensor)
@@ -128,12 +138,42 @@ class Mirrors:
             version -= 1
         return entry[2] if entry[1] == (version, storage) else None
 
+    def has_copy(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor` has a device copy on some device (current or not)."""
+        if tensor in self._copies:
+            return True
+        return any(
+            _memory(tensor, key) in self._by_memory for key in {k for k, *_ in self._by_memory}
+        )
+
     def put(self, tensor: torch.Tensor, device_key: Any, array) -> None:
         """`array` is `tensor`'s current values on the device of `device_key`."""
         self._copies[tensor] = (device_key, stamp(tensor), array)
 
+    def put_output(self, tensor: torch.Tensor, device_key: Any, array) -> None:
+        """`put`, findable by the tensor's memory too (a graph output autograd passes on)."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        self.put(tensor, device_key, array)
+        if len(self._by_memory) > 4 * len(self._copies) + 64:  # drop the dead ones
+            self._by_memory = {k: e for k, e in self._by_memory.items() if not e[3].expired()}
+        weak = StorageWeakRef(tensor.untyped_storage())
+        self._by_memory[_memory(tensor, device_key)] = (device_key, stamp(tensor), array, weak)
+
     def clear(self) -> None:
         self._copies.clear()
+        self._by_memory.clear()
+
+
+def _memory(tensor: torch.Tensor, device_key: Any) -> tuple:
+    """Which memory a tensor views, and how: equal for a tensor and its `detach()`."""
+    return (
+        device_key,
+        tensor.data_ptr(),
+        tuple(tensor.shape),
+        tensor.stride(),
+        tensor.dtype,
+    )
 
 
 def stamp(tensor: torch.Tensor) -> tuple[int, int]:

@@ -390,6 +390,11 @@ class GraphRoles:
     saved_outputs: tuple[int, ...] = ()
     bumped_inputs: tuple[int, ...] = ()
     keep_saved: bool = True  # saved outputs stay on the device (option saved_on_device)
+    # Outputs another graph reads next (a backward's gradients, which a compiled optimizer step
+    # takes): their device arrays become mirrors of the host tensors returned.
+    mirror_outputs: bool = False
+    # Per-call inputs that came out of another graph (a gradient): taken from their mirror.
+    mirrored_inputs: tuple[int, ...] = ()
 
 
 class CompiledGraph:
@@ -430,8 +435,15 @@ class CompiledGraph:
             )
         ]
         static, saved = frozenset(static_inputs), frozenset(saved_inputs) - frozenset(static_inputs)
-        self._per_call = tuple(e for e in inputs if e[1] not in static and e[1] not in saved)
-        self._saved_inputs = tuple((*e, sizes[e[0]]) for e in inputs if e[1] in saved)
+        mirrored = frozenset(roles.mirrored_inputs) - static - saved
+        self._per_call = tuple(e for e in inputs if e[1] not in static | saved | mirrored)
+        # Inputs that may be on the device already (a DeviceTensor, a mirror), with the kind a
+        # miss is counted as.
+        self._looked_up = tuple(
+            (*e, sizes[e[0]], "saved" if e[1] in saved else "argument")
+            for e in inputs
+            if e[1] in saved | mirrored
+        )
         self._resident_inputs = tuple(entry for entry in inputs if entry[1] in static)
         self._resident_positions = tuple(position for _, position, _ in self._resident_inputs)
         self._resident_bytes = tuple(sizes[slot] for slot, _, _ in self._resident_inputs)
@@ -460,6 +472,16 @@ class CompiledGraph:
             r
             for r, kind in enumerate(kinds)
             if kind == "kept" and self._output_casts[r] is None and roles.keep_saved
+        )
+        # Results returned as host tensors that another graph reads next: published as mirrors.
+        publish = roles.mirror_outputs and self._mirror_key is not None
+        self._published = tuple(
+            r
+            for r, kind in enumerate(kinds)
+            if publish
+            and kind == "output"
+            and r not in self._kept
+            and self._output_casts[r] is None
         )
         # Per module argument (the seed last), how it is split over a mesh; None: one device.
         self._shardings = mesh_placement.argument_shardings(device, lowered, executable)
@@ -497,7 +519,7 @@ class CompiledGraph:
         return {
             "per_call": ledger.as_dict(self.per_call),
             "resident_bytes": sum(self._resident_bytes),
-            "saved_inputs_bytes": sum(entry[3] for entry in self._saved_inputs),
+            "saved_inputs_bytes": sum(e[3] for e in self._looked_up if e[4] == "saved"),
             "kept_on_device": len(self._kept),
         }
 
@@ -510,8 +532,8 @@ class CompiledGraph:
         for slot, position, cast in self._per_call:
             value = args[position] if cast is None else args[position].to(cast)
             arrays[slot] = to_device(value, shardings[slot])
-        if self._saved_inputs:
-            self._saved_arguments(args, arrays)
+        if self._looked_up:
+            self._looked_up_arguments(args, arrays)
         for slot, position in self._mirrored:
             self._publish(args[position], arrays[slot])
         if self.lowered.uses_rng:
@@ -524,6 +546,8 @@ class CompiledGraph:
         outs = self._outputs(results)
         if self._multiprocess:
             distributed.execution_finished()
+        for r in self._published:
+            self._publish(outs[r], results[r], output=True)
         for position, result in self.lowered.mutations:
             args[position].copy_(outs[result])
             if self._mirror_key is not None:
@@ -546,12 +570,13 @@ class CompiledGraph:
         that bypasses the version counter is seen there, as by every zero-copy argument)."""
         self._publish(tensor, self._transfer.to_device(tensor) if self._transfer.on_cpu else array)
 
-    def _publish(self, tensor: torch.Tensor, array) -> None:
-        """`array` holds `tensor`'s values on the device: a mirror for every graph. On the CPU
-        only an array that reads the tensor's own memory (a copy would miss writes that bypass
-        the version counter)."""
+    def _publish(self, tensor: torch.Tensor, array, output: bool = False) -> None:
+        """`array` holds `tensor`'s values on the device: a mirror for every graph (found by
+        the tensor's memory too for an `output`). On the CPU only an array that reads the
+        tensor's own memory (a copy would miss writes that bypass the version counter)."""
         if not self._transfer.on_cpu or self._transfer.aliases(array, tensor):
-            residency.mirrors.put(tensor, self._mirror_key, array)
+            put = residency.mirrors.put_output if output else residency.mirrors.put
+            put(tensor, self._mirror_key, array)
 
     def _results(self, executed) -> list:
         """One jax array per module result: on one device, its array; over a mesh, device 0's
@@ -582,10 +607,11 @@ class CompiledGraph:
             )
         return outs
 
-    def _saved_arguments(self, args: list, arrays: list) -> None:
-        """The saved activations' arrays: a DeviceTensor's own, a mirror's, or sent (counted)."""
-        key, sent = self._mirror_key, 0
-        for slot, position, cast, size in self._saved_inputs:
+    def _looked_up_arguments(self, args: list, arrays: list) -> None:
+        """The arrays of saved activations and of other graphs' outputs: a DeviceTensor's own,
+        a mirror's, or sent (counted)."""
+        key, sent = self._mirror_key, collections.Counter()
+        for slot, position, cast, size, kind in self._looked_up:
             value = args[position]
             if (
                 value.__class__ is residency.DeviceTensor
@@ -599,12 +625,12 @@ class CompiledGraph:
                 array = self._transfer.to_device(
                     value if cast is None else value.to(cast), self._shardings[slot]
                 )
-                sent += size
+                sent[ledger.HOST_TO_DEVICE, kind] += size
                 if key is not None and cast is None:
                     self._publish(value, array)
             arrays[slot] = array
         if sent:
-            ledger.add([((ledger.HOST_TO_DEVICE, "saved"), sent)], self.ledger)
+            ledger.add(sent.items(), self.ledger)
 
     def _resharded(self, array, sharding):
         """`array` (a saved activation on this mesh) split as this module takes it: moved

@@ -240,3 +240,18 @@ def common_mesh(placements: Sequence[Placement | None]) -> Mesh | None:
             f"({', '.join(sorted(map(str, meshes)))}); place them all on one mesh."
         )
     return next(iter(meshes), None)
+
+
+def module_split(layout, device_axes, inputs: Sequence[Any], open_inputs=()) -> tuple:
+    """(mesh axes, a spec per tensor input) of a graph compiled over a mesh: the specs of
+    `layout` (annotate_sharding's GraphSharding; None: a region of a split graph, all whole),
+    checked against the inputs' sizes, None (open: the partitioner chooses) for `open_inputs`
+    without one (saved activations, which come as the forward left them), else whole."""
+    mesh = layout.mesh if layout is not None else Mesh(device_axes)
+    specs = layout.inputs if layout is not None else {}
+    positions = [i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
+    for i in positions:
+        if i in specs:
+            check_spec(mesh, tuple(inputs[i].shape), specs[i], f"graph input {i}")
+    split = tuple(specs.get(i, None if i in open_inputs else ()) for i in positions)
+    return mesh.axes, split
