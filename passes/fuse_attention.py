@@ -19,7 +19,8 @@ forward saves its softmax for the backward: the written-out backward stays as it
 a where/masked_fill mask next to another mask (several additive ones are summed), masks that
 are neither float biases nor -inf / finfo.min fills, and so written-out attention bucketed
 at symbolic lengths (bucket_shapes masks the padded keys with a where next to the model's
-mask, and both operands of the second bmm). A scale that is a 0-d tensor (a float attribute
+mask, and both operands of the second bmm; for the same reason bucketed K/V, masked after
+their repeat, are not folded). A scale that is a 0-d tensor (a float attribute
 Dynamo passes in at dynamic=True) is applied to q: (q·kᵀ)·c as (q·c)·kᵀ.
 
 Preserves: every result (the op computes what the nodes it replaces did, in float32; a

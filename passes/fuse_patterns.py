@@ -16,7 +16,8 @@ that are all -inf as core ATen decomposes it (`safe_softmax_guard`).
 
 Operands of the two batched matmuls, `view(expand(t))` or `view(clone(expand(t)))` of the 4-d
 tensor t, are read back to t; K/V repeated for grouped-query attention
-(`view(clone(expand(unsqueeze(t, 2))))`, HF's repeat_kv) are read back to their own heads.
+(`view(clone(expand(unsqueeze(t, 2))))`, HF's repeat_kv, through the whole-dim slices of
+`t[:, :, None]` at symbolic sizes) are read back to their own heads.
 """
 
 from __future__ import annotations
@@ -132,18 +133,32 @@ def repeated_heads(t: torch.fx.Node) -> torch.fx.Node:
     inner = t.args[0]
     if _call(inner, (aten.clone.default,)):
         inner = inner.args[0]
-    if not _call(inner, (aten.expand.default,)) or not _call(
-        inner.args[0], (aten.unsqueeze.default,)
-    ):
+    if not _call(inner, (aten.expand.default,)):
         return t
-    kv = inner.args[0].args[0]
+    unsqueeze = whole(inner.args[0])
+    if not _call(unsqueeze, (aten.unsqueeze.default,)):
+        return t
+    kv = whole(unsqueeze.args[0])
     rank = kv.meta["val"].dim()
-    if rank < 3 or inner.args[0].args[1] not in (rank - 2, -3):
+    if rank < 3 or unsqueeze.args[1] not in (rank - 2, -3):
         return t
     heads, spread = kv.meta["val"].shape, inner.meta["val"].shape  # [..., hkv, g, s, d]
     repeated = (*heads[:-3], heads[-3] * spread[-3], *heads[-2:])
     keeps = same(spread[:-3], heads[:-2]) and same(spread[-2:], heads[-2:])
     return kv if keeps and same(t.meta["val"].shape, repeated) else t
+
+
+def whole(node: torch.fx.Node) -> torch.fx.Node:
+    """`node` read through slices that keep the whole dim (`t[:, :, None]` at symbolic sizes
+    leaves `slice(t, d, 0, 2**63 - 1)` in the graph; at concrete sizes it is traced away)."""
+    while (
+        _call(node, (aten.slice.Tensor,))
+        and node.args[2:3] in ((), (None,), (0,))
+        and node.args[4:5] in ((), (1,))
+        and same(node.meta["val"].shape, node.args[0].meta["val"].shape)
+    ):
+        node = node.args[0]
+    return node
 
 
 def same(a, b) -> bool:

@@ -112,9 +112,10 @@ def test_form(case):
     forward = rewrites.get("written_out", 0) + rewrites.get("sdpa_forward", 0)
     rewritten = forward == 1 and (not training or rewrites.get("sdpa_backward", 0) == 1)
     assert rewritten == (case not in KNOWN_MISSES), rewrites
-    if rewritten and not symbolic:
+    if rewritten and not symbolic:  # a causal mask is evaluated at concrete sizes only
         causal = rewrites.get("causal_mask", 0)
         assert causal == (name in CAUSAL_FROM_MASK) * (2 if training else 1), rewrites
+    if rewritten:
         assert rewrites.get("gqa_folded", 0) == 2 * (name in GQA_FOLDED), rewrites
 
 
@@ -225,8 +226,9 @@ def test_llama_symbolic_lengths(attn, policy, training):
     [B, L, H, D] strides of the CPU SDPA kernels they replace, which the model's later views
     rely on when the graph's sizes are made concrete (passes/shapes.py refused them); written-
     out attention's scale, a graph input at dynamic=True, is applied to q. Logits, loss and
-    every gradient equal eager torch's. (Bucketed written-out attention is not fused: the
-    masks bucket_shapes adds on padded keys are no step of the pattern table.)"""
+    every gradient equal eager torch's; repeated K/V are folded unless bucketed. (Bucketed
+    written-out attention is not fused: the masks bucket_shapes adds on padded keys are no
+    step of the pattern table.)"""
     from tests import hf_zoo
     from tests.helpers import grads_of
 
@@ -251,6 +253,8 @@ def test_llama_symbolic_lengths(attn, policy, training):
     forward = "sdpa_forward" if attn == "sdpa" else "written_out"
     assert rewrites.get(forward, 0) >= 2, rewrites  # both layers, in every compile
     assert (rewrites.get("sdpa_backward", 0) >= 2) == training, rewrites
+    if policy == "exact":  # bucketed, K/V are masked on padded keys after their repeat
+        assert rewrites.get("gqa_folded", 0) >= 4, rewrites
 
 
 @pytest.mark.parametrize("mask_shape", [None, (5, 7), (2, 1, 1, 7), (2, 4, 5, 7), (1, 1, 5, 7)])
