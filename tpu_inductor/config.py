@@ -63,8 +63,9 @@ class FusionOptions:
     flag, K/V repeated for grouped-query attention are read unrepeated.
     """
 
-    # off: on this machine the fused form ran 1.3-2.6x slower than XLA fusing the written-out
-    # graph (tools/bench_fuse_attention.py); on again once the TPU lowering is Splash attention
+    # off: on this machine the isolated attention forms ran 1.2-1.6x slower fused, whole
+    # models about as fast at 512 tokens (faster at 4096); README "Attention fusion" has the
+    # figures (tools/bench_fuse_attention.py). On once the TPU lowering is Splash attention
     attention: bool = False
 
 
