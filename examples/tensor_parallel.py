@@ -30,7 +30,7 @@ mesh = tpu_inductor.Mesh({"data": 2, "model": 4})
 tpu_inductor.shard(model, mesh, sharding_plans.tensor_parallel("model"))
 dump = tempfile.mkdtemp(prefix="tensor_parallel_")
 forward = torch.compile(model, backend="tpu_inductor", options={"dump_dir": dump})
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+optimizer = tpu_inductor.shard_optimizer_state(torch.optim.AdamW(model.parameters(), lr=1e-3))
 step = torch.compile(optimizer.step, backend="tpu_inductor")
 
 for i in range(5):

@@ -62,6 +62,8 @@ def train(model, inputs, steps: int, placed=None, options=None):
         mesh, plan, input_spec = placed
         tpu_inductor.shard(model, mesh, plan)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    if placed is not None:
+        tpu_inductor.shard_optimizer_state(optimizer)
     forward = torch.compile(model, backend="tpu_inductor", options=options)
     step = torch.compile(optimizer.step, backend="tpu_inductor", options=options)
     losses, compiles_after_first, traced_after_first = [], 0, 0

@@ -12,7 +12,7 @@ import torch
 from tpu_inductor.passes.bucket_policy import BucketPlan, BucketPolicy
 
 import tpu_inductor
-from tpu_inductor import aot, aot_buckets, bucketing, cache, cli
+from tpu_inductor import aot, aot_buckets, bucketing, cache, cli, runtime
 from tpu_inductor.exc import OptionError
 
 from .helpers import assert_same
@@ -26,6 +26,7 @@ def _new_process() -> None:
     """As a new process: no Dynamo graph, no executable in memory, no plan read yet."""
     torch._dynamo.reset()
     cache.memory_cache.clear()
+    runtime.forget_executables()  # a module another test compiled in this worker
     bucketing.forget_plans()
 
 
@@ -54,7 +55,7 @@ def _run(shapes: dict, pairs) -> tuple[dict, int]:
     """The model compiled under `shapes` at each (batch, length): what the bucketed graph
     reports, and the PJRT compiles it made."""
     torch._dynamo.reset()
-    options = {"shapes": shapes, "fallback": "error"}
+    options = {"shapes": shapes, "fallback": "error", "cache": False}
     compiled = torch.compile(make_model(), backend="tpu_inductor", options=options)
     before = tpu_inductor.compiles()
     for b, n in pairs:

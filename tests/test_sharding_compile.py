@@ -34,9 +34,10 @@ def _run(model: str, plans: list[str], tmp_path, steps: int, *extra: str) -> dic
     return {row["plan"]: row for row in rows}
 
 
-def _collectives(row: dict, graph_kind: str) -> dict:
-    (found,) = [c for name, c in row["communication"].items() if name.startswith(graph_kind)]
-    return found
+def _collectives(row: dict, graph_kind: str, which: int = 0) -> dict:
+    """The communication report of the `which`-th graph of a kind (in compile order)."""
+    graphs = sorted(row["communication"].items(), key=lambda item: int(item[0].split("_")[-1]))
+    return [c for name, c in graphs if name.startswith(graph_kind)][which]
 
 
 @pytest.mark.parametrize("model", ["llama", "gpt2"])
@@ -58,6 +59,10 @@ def test_sharded_training_equals_one_device_with_the_collectives_each_plan_impli
     fsdp_forward = _collectives(rows["fsdp"], "forward")
     assert fsdp_forward["per_device_bytes"]["arguments"] < total / 3
     assert fsdp_forward["collectives"]["all-gather"]["count"] > 0
+    # The optimizer step (the second inference graph, after the no-grad call): Adam's moments
+    # split like their parameters (shard_optimizer_state); only the gradients come whole.
+    step = _collectives(rows["fsdp"], "inference", 1)["per_device_bytes"]["arguments"]
+    assert step < 2 * total  # whole: parameters, two moments and gradients, 4x
     fsdp_backward = _collectives(rows["fsdp"], "backward")["collectives"]
     assert "reduce-scatter" in fsdp_backward or "all-reduce" in fsdp_backward
     # Tensor parallel: the row-parallel projections (attention's output, the MLP's down) each
@@ -237,3 +242,22 @@ def test_the_communication_report_counts_each_collective_and_its_bytes():
          "per_device_bytes": {"arguments": 10, "temporaries": 2, "outputs": 1}}
     )  # fmt: skip
     assert line.startswith("mesh {'data': 2}: all-reduce x1 (512 B), all-gather x1 (8 B)")
+
+
+def test_an_optimizers_state_takes_its_parameters_placement():
+    model = _mlp()
+    mesh = tpu_inductor.Mesh({"data": 2})
+    tpu_inductor.shard(model, mesh, {"0.weight": ("data", None)})
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 16)).sum().backward()
+    optimizer.step()  # the moments exist now
+    moments = optimizer.state[model[0].weight]
+    values = [moments["exp_avg"], moments["exp_avg_sq"], moments["step"], model[0].weight]
+    assert sharding.placements(values)[:2] == [None, None]  # not registered yet
+    with pytest.raises(OptionError, match="is not a torch.optim.Optimizer"):
+        tpu_inductor.shard_optimizer_state(model)
+    assert tpu_inductor.shard_optimizer_state(optimizer) is optimizer
+    placed = sharding.placements(values)
+    assert placed[0] == placed[1] == placed[3] == sharding.Placement(mesh, ("data", None))
+    assert placed[2] is None  # the step count has another shape
+    assert sharding.placements([optimizer.state[model[2].bias]["exp_avg"]]) == [None]

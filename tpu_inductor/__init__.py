@@ -17,12 +17,13 @@ __all__ = [
     "reset_transfers",
     "save_plans",
     "shard",
+    "shard_optimizer_state",
     "sharding_plans",
     "transfers",
 ]
 
 # Sharding's user API (tpu_inductor.sharding), imported when first used.
-_SHARDING = ("Mesh", "shard", "mark_sharding")
+_SHARDING = ("Mesh", "shard", "shard_optimizer_state", "mark_sharding")
 
 
 def __getattr__(name: str):

@@ -47,7 +47,7 @@ def tpu_inductor(
         **dict(gm.named_buffers(remove_duplicate=False)),
     }
     inputs = (*lifted.values(), *example_inputs)
-    placed = [sharding.placement(v) for v in inputs]
+    placed = sharding.placements(inputs)
     # Inputs another graph returned (gradients a compiled optimizer step takes): a device copy
     # of them may be there (residency.mirrors), which the graph takes instead of sending them.
     from_graphs = tuple(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -186,9 +187,43 @@ class Placement:
 _placements: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
+# Optimizers whose state tensors take their parameters' placements (shard_optimizer_state).
+_optimizers: weakref.WeakSet = weakref.WeakSet()
+
+
 def placement(tensor: Any) -> Placement | None:
     """The placement given to `tensor` (a parameter, a buffer, an input), or None."""
     return _placements.get(tensor) if isinstance(tensor, torch.Tensor) else None
+
+
+def placements(values) -> list[Placement | None]:
+    """Each value's placement: its own (`placement`), or, for the state of a placed parameter
+    in an optimizer given to `shard_optimizer_state` (Adam's moments), the parameter's."""
+    states: dict[int, tuple[torch.Tensor, Placement]] = {}
+    for optimizer in list(_optimizers):
+        for parameter, state in optimizer.state.items():
+            given = placement(parameter)
+            for value in state.values() if given is not None else ():
+                if isinstance(value, torch.Tensor) and value.shape == parameter.shape:
+                    states[id(value)] = (value, given)
+    found = []
+    for value in values:
+        own, state = placement(value), states.get(id(value))
+        found.append(own or (state[1] if state is not None and state[0] is value else None))
+    return found
+
+
+def shard_optimizer_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Split `optimizer`'s state like the parameters it belongs to (a moment of a parameter
+    FSDP splits is split the same way: ZeRO's optimizer-state sharding), as it is created and
+    after; returns `optimizer`. Call it after `shard`, before the first compiled step."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise OptionError(
+            f"tpu_inductor.shard_optimizer_state: {type(optimizer).__name__} is not a "
+            "torch.optim.Optimizer."
+        )
+    _optimizers.add(optimizer)
+    return optimizer
 
 
 def shard(model: torch.nn.Module, mesh: Mesh, plan) -> torch.nn.Module:
