@@ -51,6 +51,8 @@ def _job(*extra_for_process_1: str, steps: int = 3) -> tuple[list, float]:
     try:
         out0, err0 = procs[0].communicate(timeout=240)
         ended = time.time()
+        if not extra_for_process_1:  # a healthy peer: let it shut down on its own
+            procs[1].wait(timeout=120)
     finally:
         for p in procs:
             if p.poll() is None:
