@@ -115,6 +115,18 @@ def test_grouped_mm_matches_eager_and_float64(form, sizes, tail, k, n, seed):
     assert (ours <= eagers + 1e-6).all(), (ours.max(), eagers.max())
 
 
+def _eager_and_compiled(fn, compiled, a, b, offs, grad):
+    """(output, input gradient, weight gradient) of eager `fn` and of `compiled` on fresh
+    leaves of the same operands, for the grouped-matmul tests' comparisons."""
+    results = []
+    for call in (fn, compiled):
+        x, w = a.clone().requires_grad_(), b.clone().requires_grad_()
+        out = call(x, w, offs)
+        (out * grad).sum().backward()
+        results.append((out, x.grad, w.grad))
+    return results
+
+
 @PROPERTY
 @given(sizes=st.lists(st.integers(0, 6), min_size=1, max_size=4), seed=seeds())
 def test_grouped_mm_gradient_matches_eager(sizes, seed):
@@ -124,14 +136,10 @@ def test_grouped_mm_gradient_matches_eager(sizes, seed):
     a, b, offs = _operands("2d3d", sizes, 0, 16, 8, torch.bfloat16, seed)
     grad = torch.randn(a.shape[0], 8, generator=torch.Generator().manual_seed(seed)).bfloat16()
     compiled = torch.compile(_grouped_mm, **STATIC)
-    results = []
-    for fn in (_grouped_mm, compiled):
-        x, w = a.clone().requires_grad_(), b.clone().requires_grad_()
-        (fn(x, w, offs) * grad).sum().backward()
-        results.append((x.grad, w.grad))
-    assert_same(results[1], results[0])
+    eager, ours = _eager_and_compiled(_grouped_mm, compiled, a, b, offs, grad)
+    assert_same(ours[1:], eager[1:])
     empty = [i for i, s in enumerate(sizes) if s == 0]
-    assert not results[1][1][empty].any()
+    assert not ours[2][empty].any()
 
 
 def test_new_group_sizes_run_without_a_compile():
@@ -166,13 +174,8 @@ def test_grouped_mm_symbolic_sizes_match_eager():
             seed=rows,
         )
         grad = torch.randn(rows, 8, generator=torch.Generator().manual_seed(rows)).bfloat16()
-        results = []
-        for fn in (_grouped_mm, compiled):
-            x, w = a.clone().requires_grad_(), b.clone().requires_grad_()
-            out = fn(x, w, offs)
-            (out * grad).sum().backward()
-            results.append((out, x.grad, w.grad))
-        assert_same(results[1], results[0])
+        eager, ours = _eager_and_compiled(_grouped_mm, compiled, a, b, offs, grad)
+        assert_same(ours, eager)
     assert counters["stats"]["unique_graphs"] == 1  # every size ran the symbolic graph
 
 
@@ -193,13 +196,8 @@ def test_transformers_grouped_mm_fallback_matches_eager(sizes, tail, k, n, seed)
     x, w, offs = _operands("2d3d", sizes, tail, k, n, torch.float32, seed)
     grad = torch.randn(x.shape[0], n, generator=torch.Generator().manual_seed(seed))
     compiled = torch.compile(op, **STATIC)
-    results = []
-    for fn in (op, compiled):
-        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
-        out = fn(xs, ws, offs)
-        (out * grad).sum().backward()
-        results.append((out, xs.grad, ws.grad))
-    assert_same(results[1], results[0], **F32)
+    eager, ours = _eager_and_compiled(op, compiled, x, w, offs, grad)
+    assert_same(ours, eager, **F32)
 
 
 # --- whole models -----------------------------------------------------------------------------
