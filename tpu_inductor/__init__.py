@@ -12,6 +12,7 @@ __all__ = [
     "__version__",
     "compiles",
     "mark_sharding",
+    "no_compiles",
     "precompile",
     "register_lowering",
     "reset_transfers",
@@ -55,11 +56,22 @@ def register_lowering(op, *, needs_ctx: bool = False, supports=None):
     return register_user_lowering(op, needs_ctx=needs_ctx, supports=supports)
 
 
-def precompile(compiled_fn, example_inputs, dims, largest, shapes=None, progress=None):
-    """Compile every shape bucket of `compiled_fn` up front (tpu_inductor.bucketing)."""
+def precompile(
+    compiled_fn, example_inputs, dims, largest, shapes=None, progress=None, **how
+) -> list[int]:
+    """Compile every shape bucket of `compiled_fn` up front, in parallel (`workers=`), or in
+    the background (`background=True`): tpu_inductor.bucketing.precompile."""
     from .bucketing import precompile as run
 
-    return run(compiled_fn, example_inputs, dims, largest, shapes, progress)
+    return run(compiled_fn, example_inputs, dims, largest, shapes, progress, **how)
+
+
+def no_compiles():
+    """A context manager: a compile inside it (this thread) raises UnexpectedCompileError, so a
+    serving loop proves that warm-up left nothing to compile (tpu_inductor.dispatch)."""
+    from .dispatch import no_compiles as block
+
+    return block()
 
 
 def save_plans() -> list[str]:

@@ -11,16 +11,21 @@ explanation: the buckets, the true sizes per bucket, and the padded share of the
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import inspect
+import itertools
 import logging
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import sympy
 import torch
 
+from . import dispatch
 from .passes import bucket_policy
 from .passes.bucket_shapes import BucketLayout
 from .residency import DeviceTensor
@@ -259,7 +264,17 @@ def save_plans(compile_cost: float = 0.0, max_buckets: int | None = None) -> lis
     return saved
 
 
-def precompile(compiled_fn, example_inputs, dims, largest: int, shapes=None, progress=None):
+def precompile(
+    compiled_fn,
+    example_inputs,
+    dims,
+    largest: int,
+    shapes=None,
+    progress=None,
+    *,
+    workers: int | None = None,
+    background: bool = False,
+):
     """Compile every bucket of `compiled_fn` up front, for sizes 2..`largest` of the dims
     `dims` ({input position: dim}) of `example_inputs`; returns the buckets called.
 
@@ -267,7 +282,12 @@ def precompile(compiled_fn, example_inputs, dims, largest: int, shapes=None, pro
     torch.no_grad: forward graphs). `shapes`: the options' `shapes` record (the policy's
     buckets; under "auto" with a plan, the boundaries it has for the dims, as a new process
     serving from the plan will use them); `progress(label)`, if given, is told each bucket as
-    it starts."""
+    it starts. The buckets compile in `workers` threads (default: one per bucket, at most the
+    CPUs and 8; 1: one after another on this thread): their lowerings one at a time (Python),
+    their PJRT compiles overlapping (they release the GIL). `background`: return once each
+    bucket's first graph is handed to the threads; a call that needs a bucket still compiling
+    waits for it, and precompile called again without `background` waits for all and checks
+    them (graphs after a graph break are compiled then)."""
     from .config import Options
 
     shapes = shapes or Options.from_user().shapes
@@ -277,16 +297,45 @@ def precompile(compiled_fn, example_inputs, dims, largest: int, shapes=None, pro
         keys = [k for k in _keys(compiled_fn, dims) if plan.boundaries.get(k)]
         policy = plan.policy_for(keys[0], policy) if keys else policy
     buckets = policy.buckets_up_to(largest)
+    calls = []
     for bucket in buckets:
-        if progress is not None:
-            progress(f"bucket {bucket}")
         inputs = list(example_inputs)
         for position, dim in dims.items():
             inputs[position] = _resized(inputs[position], dim, bucket)
             torch._dynamo.maybe_mark_dynamic(inputs[position], dim)
-        with torch.no_grad():
-            compiled_fn(*inputs)
+        calls.append((bucket, inputs))
+    workers = workers or min(len(buckets), os.cpu_count() or 1, 8)
+    pool = ThreadPoolExecutor(workers, "tpu_inductor-precompile") if workers > 1 else None
+    # A round calls every bucket; a call stops at the first graph it hands to the pool (the
+    # graphs after a graph break are handed over in a later round, once their inputs exist).
+    # The last round hands nothing over: every bucket ran, compiled.
+    for round_ in itertools.count():
+        ahead = pool is not None and round_ < _AHEAD_ROUNDS
+        handed = _call_buckets(compiled_fn, calls, pool if ahead else None, progress, round_)
+        if (background and ahead) or not handed:
+            break
+    if pool is not None:
+        pool.shutdown(wait=False)  # its compiles go on; the calls that need them wait
     return buckets
+
+
+_AHEAD_ROUNDS = 8  # graph breaks deeper than this compile the rest one after another
+
+
+def _call_buckets(compiled_fn, calls, pool, progress, round_: int) -> bool:
+    """Call `compiled_fn` at each bucket's inputs (with `pool`, inside
+    dispatch.compiling_ahead); whether a call handed a compile to the pool."""
+    handed = False
+    ahead = dispatch.compiling_ahead(pool) if pool is not None else contextlib.nullcontext()
+    with ahead, torch.no_grad():
+        for bucket, inputs in calls:
+            if progress is not None and round_ == 0:
+                progress(f"bucket {bucket}")
+            try:
+                compiled_fn(*inputs)
+            except dispatch.CompilingAhead:
+                handed = True
+    return handed
 
 
 def _keys(compiled_fn, dims) -> list[str]:

@@ -18,6 +18,7 @@ whose `run(stage, fn)` times stages 3-5 and dumps what they made.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,6 +41,7 @@ from .passes import annotate_sharding, bucket_shapes, pipeline, shapes
 from .passes.context import PassContext
 
 log = logging.getLogger(__name__)
+_LOWERING = threading.RLock()
 
 
 def compile_graph(
@@ -268,9 +270,11 @@ class _Specializer:
                 separate_outputs=self._separate,
             )
 
-        return record.run("lower", lower)
+        with _LOWERING:  # precompile's pool: lowerings (Python) one at a time, compiles overlap
+            return record.run("lower", lower)
 
     def _lower_and_compile(self, inputs, scalars, record: debug.CompileRecord):
+        dispatch.check_compile_allowed(record.graph, record.inputs, record.bucketing)
         lowered = self.lower(inputs, scalars, record)
         executable = record.run(
             "pjrt_compile", lambda: runtime.compile_module(lowered, self.device)

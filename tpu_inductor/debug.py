@@ -26,6 +26,7 @@ the other rooms (it reads `lowered.text` and `executable.hlo_modules()` by duck 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import difflib
 import itertools
@@ -281,9 +282,18 @@ class GraphObserver:
         self.active = _active(options)
         self._last = ""  # the graph text last shown, for the next pass's diff
         # What the shape bucketing of this graph is (set by the compile stages, and per call
-        # by the bucket dispatch: the bucket and true sizes a compile is asked for).
-        self.bucketing: dict[str, Any] | None = None
+        # by the bucket dispatch: the bucket and true sizes a compile is asked for); a context
+        # variable, so that a compile run in a pool (precompile) records the call's bucket.
+        self._bucketing = contextvars.ContextVar(f"bucketing of {name}", default=None)
         _compile_ids.setdefault(name, _compile_id())  # recompile explanations read it, too
+
+    @property
+    def bucketing(self) -> dict[str, Any] | None:
+        return self._bucketing.get()
+
+    @bucketing.setter
+    def bucketing(self, value: dict[str, Any] | None) -> None:
+        self._bucketing.set(value)
 
     def graph(self, stage: str, gm: torch.fx.GraphModule) -> None:
         """A graph-level stage (e.g. "aten_forward", "partitioned")."""

@@ -7,20 +7,70 @@ passed as 0-d int64 tensors, not compiled in: a new value is not a new signature
 graph fail to lower, they are compiled in (once per value) from then on, with a warning.
 
 The `shapes.max_compiles` most recently used compiles are kept (a warning says when one is
-dropped). Also the signature helpers every stage keys on.
+dropped). Inside `compiling_ahead(pool)` (tpu_inductor.precompile) a signature not compiled yet
+is handed to the pool and the call stops with `CompilingAhead`: compiles of several signatures
+then overlap (PJRT's compile releases the GIL), and a later call of a signature waits for its
+compile. Inside `no_compiles()` a compile raises UnexpectedCompileError instead (a serving loop
+after warm-up). Also the signature helpers every stage keys on.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, Future
 from typing import Any
 
 import torch
 
 from . import cache
+from .exc import UnexpectedCompileError
 
 log = logging.getLogger(__name__)
+
+_AHEAD: contextvars.ContextVar[Executor | None] = contextvars.ContextVar("ahead", default=None)
+_STRICT: contextvars.ContextVar[bool] = contextvars.ContextVar("no_compiles", default=False)
+
+
+class CompilingAhead(Exception):
+    """A call stopped inside `compiling_ahead`: its graph's compile went to the pool."""
+
+
+@contextlib.contextmanager
+def compiling_ahead(pool: Executor) -> Iterator[None]:
+    """Calls in this block hand a compile their sizes need to `pool` and raise CompilingAhead
+    (the graphs before it in the call ran; none after it did)."""
+    token = _AHEAD.set(pool)
+    try:
+        yield
+    finally:
+        _AHEAD.reset(token)
+
+
+@contextlib.contextmanager
+def no_compiles() -> Iterator[None]:
+    """In this block (this thread), a graph that would compile (missing the memory and disk
+    caches) raises UnexpectedCompileError naming the graph and its sizes instead: a serving
+    loop asserts that warm-up (tpu_inductor.precompile) left nothing to compile. A call
+    waiting for a compile precompile started in the background is not a compile."""
+    token = _STRICT.set(True)
+    try:
+        yield
+    finally:
+        _STRICT.reset(token)
+
+
+def check_compile_allowed(graph: str, inputs: tuple, bucketing: dict | None) -> None:
+    """Raise UnexpectedCompileError inside `no_compiles()`."""
+    if _STRICT.get():
+        bucket = f" (bucketing: {bucketing})" if bucketing else ""
+        raise UnexpectedCompileError(
+            f"tpu_inductor: {graph} would compile for inputs {inputs}{bucket} inside "
+            "tpu_inductor.no_compiles(): warm this size up first (tpu_inductor.precompile "
+            "with a `largest` that covers it, or a bucket policy whose buckets hold it)"
+        )
 
 
 class SizeDispatch:
@@ -43,6 +93,7 @@ class SizeDispatch:
         self._scalars = scalars
         self._max_compiles = max_compiles
         self._compiled = cache.RecentlyUsed(max_compiles)
+        self._pending: dict[tuple, Future] = {}  # signatures compiling in a pool
         self._warned = False
 
     def __call__(self, args: list) -> list:
@@ -60,8 +111,13 @@ class SizeDispatch:
         key = (input_signature(args), strides(args))
         compiled = self._compiled.get(key)
         if compiled is None:  # the compile record logs why (which input, which dim)
+            pending, pool = self._pending.get(key), _AHEAD.get()
+            if pending is None and pool is not None:
+                run = contextvars.copy_context().run  # the bucket this call's record names
+                self._pending[key] = pool.submit(run, self._compile, list(args), scalars)
+                raise CompilingAhead(self._name)
             try:
-                compiled = self._compile(args, scalars)
+                compiled = pending.result() if pending is not None else self._compile(args, scalars)
             except Exception as e:  # a rule, or size arithmetic the trace cannot do
                 if not scalars:
                     raise
@@ -76,6 +132,8 @@ class SizeDispatch:
                 for position in scalars:
                     args[position] = int(args[position])
                 return self._call(args, frozenset())
+            finally:
+                self._pending.pop(key, None)
             self._keep(key, compiled)
         return compiled(args)
 

@@ -35,6 +35,10 @@ class CompileError(TpuInductorError):
     """PJRT failed to compile a lowered module."""
 
 
+class UnexpectedCompileError(TpuInductorError):
+    """A compile was asked for inside `tpu_inductor.no_compiles()`: a size not warmed up."""
+
+
 class DeviceError(TpuInductorError):
     """The requested PJRT platform or device is not available."""
 

@@ -21,6 +21,7 @@ import hashlib
 import logging
 import math
 import os
+import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -179,13 +180,15 @@ def _synchronous_cpu_client():
 # Process-wide counts: "pjrt_compiles" (what a TPU pays seconds to minutes for, each), and
 # "pjrt_compiles_saved" (a module compiled before, its executable reused).
 stats: collections.Counter = collections.Counter()
+_counting = threading.Lock()  # precompile compiles in a pool of threads
 
 
 def compile_stablehlo(module: bytes | str, device: Device):
     """PJRT-compile a StableHLO module (bytecode or text) for one device; returns the executable."""
     device.require_own_process()
     _register_custom_calls(device, module)
-    stats["pjrt_compiles"] += 1
+    with _counting:
+        stats["pjrt_compiles"] += 1
     try:
         return device.client.compile_and_load(module, *_placement(device))
     except Exception as e:  # PJRT raises its own runtime error type

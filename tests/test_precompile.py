@@ -1,0 +1,115 @@
+"""Warm-up for serving (tpu_inductor.precompile, tpu_inductor.no_compiles): every bucket compiled
+up front, its PJRT compiles overlapping in a pool of threads or left running in the background,
+and a serving loop that proves nothing compiles after warm-up. Compiles are counted (kept
+executables forgotten and the disk cache off, so another test's module is not reused), never
+timed; every result equals eager's with NaN in the padding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tpu_inductor
+from tpu_inductor import bucketing, cache, debug, runtime
+from tpu_inductor.exc import UnexpectedCompileError
+
+from .helpers import assert_same
+
+SHAPES = {"policy": "pow2", "min_bucket": 8, "pad_with": "nan"}
+LENGTHS = (3, 9, 17, 33, 64, 50, 8)  # buckets 8, 16, 32, 64
+
+
+def _new_process() -> None:
+    torch._dynamo.reset()
+    cache.memory_cache.clear()
+    runtime.forget_executables()  # a module another test compiled in this worker
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    _new_process()
+    yield
+    _new_process()
+
+
+def _shapes():
+    from tpu_inductor.config import Options
+
+    return Options.from_user({"shapes": SHAPES}).shapes
+
+
+class _Broken(torch.nn.Module):
+    """Two graphs per call (a graph break between them), both with a symbolic length."""
+
+    def forward(self, x):
+        h = torch.tanh(x).softmax(-1)
+        torch._dynamo.graph_break()
+        return (h * 2).cumsum(-1).sum(-1)
+
+
+def _compiled(model):
+    options = {"shapes": SHAPES, "fallback": "error", "cache": False}
+    return torch.compile(model, backend="tpu_inductor", options=options)
+
+
+def _serve(compiled, model, lengths=LENGTHS):
+    with torch.no_grad():
+        for n in lengths:
+            x = torch.randn(2, n)
+            torch._dynamo.maybe_mark_dynamic(x, 1)
+            assert_same(compiled(x), model(x), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_precompile_compiles_each_bucket_once_and_serving_compiles_nothing(workers):
+    """Two graphs (a graph break) x four buckets: 8 PJRT compiles, in threads or not; then
+    every length served inside no_compiles(), equal to eager; each compile's record names the
+    bucket of its own inputs (the pool's compiles record the call that handed them over)."""
+    model = _Broken()
+    compiled = _compiled(model)
+    before, records = tpu_inductor.compiles(), len(debug.records)
+    buckets = tpu_inductor.precompile(
+        compiled, (torch.randn(2, 5),), {0: 1}, 64, _shapes(), workers=workers
+    )
+    assert buckets == [8, 16, 32, 64]
+    assert tpu_inductor.compiles() - before == 2 * len(buckets)
+    for record in debug.records[records:]:
+        (bucket,) = record.bucketing["bucket"].values()
+        shapes = [v[0] for v in record.inputs if isinstance(v, tuple)]
+        assert shapes[0] == (2, bucket), (record.inputs, record.bucketing)
+    with tpu_inductor.no_compiles():
+        _serve(compiled, model)
+    assert tpu_inductor.compiles() - before == 2 * len(buckets)
+
+
+def test_a_compile_inside_no_compiles_raises_naming_the_graph_and_sizes():
+    model = _Broken()
+    compiled = _compiled(model)
+    tpu_inductor.precompile(compiled, (torch.randn(2, 5),), {0: 1}, 16, _shapes(), workers=2)
+    _serve(compiled, model, (3, 16))
+    x = torch.randn(2, 40)
+    torch._dynamo.maybe_mark_dynamic(x, 1)
+    with pytest.raises(UnexpectedCompileError, match=r"(?s)inputs.*\(2, 64\).*precompile"):
+        with tpu_inductor.no_compiles(), torch.no_grad():
+            compiled(x)
+    _serve(compiled, model, (40,))  # outside the block it compiles, and is right
+
+
+def test_background_precompile_serves_at_once_and_a_second_call_waits_for_all():
+    """`background=True` returns with the first graph's compiles in flight; a call of a bucket
+    still compiling waits for it (its second graph, after the break, compiles then); precompile
+    again compiles the other buckets' second graphs and leaves nothing to compile."""
+    model = _Broken()
+    compiled = _compiled(model)
+    before = tpu_inductor.compiles()
+    example = (torch.randn(2, 5),)
+    tpu_inductor.precompile(compiled, example, {0: 1}, 64, _shapes(), background=True)
+    with torch.no_grad():
+        x = torch.randn(2, 30)
+        torch._dynamo.maybe_mark_dynamic(x, 1)
+        assert_same(compiled(x), model(x), atol=1e-6, rtol=1e-5)  # its second graph compiles
+    tpu_inductor.precompile(compiled, example, {0: 1}, 64, _shapes())
+    assert tpu_inductor.compiles() - before == 8
+    with tpu_inductor.no_compiles():
+        _serve(compiled, model)
+    assert bucketing.report()[-1]["buckets"].keys() == {"(8,)", "(16,)", "(32,)", "(64,)"}
