@@ -60,13 +60,17 @@ class FusionOptions:
 
     `attention`: SDPA kernels and written-out attention (matmul, scale, mask, softmax, matmul)
     become one `tpu_inductor::attention` op; masks built as a causal tril become its causal
-    flag, K/V repeated for grouped-query attention are read unrepeated.
+    flag, K/V repeated for grouped-query attention are read unrepeated. `matmuls`: matmuls
+    that share an input become one against the others concatenated, its result split.
     """
 
     # off: on this machine the isolated attention forms ran 1.2-1.6x slower fused, whole
     # models about as fast at 512 tokens (faster at 4096); README "Attention fusion" has the
     # figures (tools/bench_fuse_attention.py). On once the TPU lowering is Splash attention
     attention: bool = False
+    # matmuls sharing an input (Q/K/V, gate/up; their weights' gradients) → one matmul against
+    # the weights concatenated in the graph, split after (passes/fuse_matmuls.py)
+    matmuls: bool = False
 
 
 # torch.compile's modes, all accepted; on XLA they compile the same program. "reduce-overhead"
@@ -107,7 +111,7 @@ class Options:
     cache_max_mb: int = 2048
     # Symbolic sizes: the shape policy and how many concrete-size compiles a graph keeps.
     shapes: ShapeOptions = ShapeOptions()
-    # Fusion passes, each switchable (passes/fuse_attention.py).
+    # Fusion passes, each switchable (passes/fuse_attention.py, passes/fuse_matmuls.py).
     fusion: FusionOptions = FusionOptions()
 
     @classmethod

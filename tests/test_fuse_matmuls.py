@@ -1,0 +1,133 @@
+"""Same-input matmul merging (passes/fuse_matmuls.py) on Hugging Face models from configs.
+
+Each model is compiled with the merge on and off and trained one step: logits, loss and every
+parameter's gradient equal the unfused compile's (float32 1e-6) and eager torch's; the merge
+rewrote exactly the groups the model has (Q/K/V and gate/up in the forward, their weights'
+gradients in the backward), and nothing with it off.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+from tpu_inductor.passes import pipeline
+
+from tests import hf_zoo
+from tests.helpers import assert_same, grads_of
+from tpu_inductor import report
+
+# model -> (shared_input groups, shared_right groups, matmuls merged), forward and backward
+# together, for hf_zoo's two layers: Llama's q/k/v and gate/up per layer (and their weights'
+# gradients), BERT's q/k/v (addmm, biased), GPT-2 none (c_attn is already one weight).
+EXPECTED = {
+    "llama": (4, 4, 20),
+    "bert": (2, 2, 12),
+    "gpt2": (0, 0, 0),
+}
+
+
+def _rewrites_since(before: collections.Counter) -> dict[str, int]:
+    return {
+        key.removeprefix("fuse_matmuls."): count - before[key]
+        for key, count in pipeline.counters.items()
+        if key.startswith("fuse_matmuls.") and count > before[key]
+    }
+
+
+def _train_step(name: str, options: dict):
+    """(logits, loss, gradients by name, fuse_matmuls' rewrites) of one compiled step."""
+    model, kwargs = hf_zoo.build(name)
+    torch._dynamo.reset()
+    before = collections.Counter(pipeline.counters)
+    compiled = torch.compile(model, backend="tpu_inductor", options=options)
+    out = compiled(**kwargs, labels=kwargs["input_ids"])
+    grads = grads_of(model, out.loss)
+    return (out.logits.detach(), out.loss.detach()), grads, _rewrites_since(before)
+
+
+def _options(merge: bool) -> dict:
+    return {"cache": False, "fallback": "error", "fusion": {"matmuls": merge}}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_training_step_equals_unfused_and_eager(name):
+    merged, merged_grads, rewrites = _train_step(name, _options(True))
+    unfused, unfused_grads, unfused_rewrites = _train_step(name, _options(False))
+    assert unfused_rewrites == {}
+    inputs, rights, matmuls = EXPECTED[name]
+    assert rewrites.get("shared_input", 0) == inputs, rewrites
+    assert rewrites.get("shared_right", 0) == rights, rewrites
+    assert rewrites.get("matmuls", 0) == matmuls, rewrites
+    assert_same(merged, unfused, rtol=1e-6, atol=1e-6)
+    assert merged_grads.keys() == unfused_grads.keys()
+    assert_same(merged_grads, unfused_grads, rtol=1e-6, atol=1e-6)
+    model, kwargs = hf_zoo.build(name)
+    eager = model(**kwargs, labels=kwargs["input_ids"])
+    assert_same(merged, (eager.logits.detach(), eager.loss.detach()))
+    assert_same(merged_grads, grads_of(model, eager.loss))
+
+
+def test_inference_at_symbolic_lengths():
+    """Llama at two lengths with dynamic=True (bucketed, pow2): the forward's groups merge in
+    each compile and the logits equal eager torch's."""
+    model, _ = hf_zoo.build("llama")
+    torch._dynamo.reset()
+    before = collections.Counter(pipeline.counters)
+    compiled = torch.compile(model, backend="tpu_inductor", options=_options(True), dynamic=True)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for length in (8, 11):
+            ids = torch.randint(0, hf_zoo.VOCAB, (2, length), generator=g)
+            out, expected = (m(input_ids=ids, use_cache=False) for m in (compiled, model))
+            assert_same(out.logits, expected.logits)
+    assert _rewrites_since(before).get("shared_input", 0) >= 4
+
+
+def test_independent_members_only():
+    """Of matmuls sharing x, one that reads another's result is not merged with it (that would
+    be a cycle); the rest are, and every result equals eager torch's."""
+    from tests.helpers import check_against_eager
+
+    def fn(x, w1, w2, g1, g2):
+        a, b = x @ w1.t(), x @ w2.t()  # shared input, weights: merged
+        c, d = g1 @ x, g2 @ x  # shared right operand: merged
+        e = (g2 + c.sum()) @ x  # reads c: stays on its own
+        return a, b, c, d, e
+
+    before = collections.Counter(pipeline.counters)
+    args = [torch.randn(5, 4), torch.randn(3, 4), torch.randn(2, 4)]
+    args += [torch.randn(6, 5), torch.randn(6, 5)]
+    check_against_eager(fn, *args, options={"fusion": {"matmuls": True}})
+    assert _rewrites_since(before) == {"shared_input": 1, "shared_right": 1, "matmuls": 4}
+
+
+def test_dump_shows_the_rewrite(tmp_path):
+    """The merge is in the dumps: the pass's graph and its diff from the graph before it."""
+    model, kwargs = hf_zoo.build("llama")
+    torch._dynamo.reset()
+    options = {**_options(True), "dump_dir": str(tmp_path)}
+    with torch.no_grad():
+        torch.compile(model, backend="tpu_inductor", options=options)(**kwargs)
+    (c,) = report.load_run(tmp_path)
+    assert c["pass_rewrites"]["fuse_matmuls"] == {"shared_input": 4, "matmuls": 10}
+    diff = next(f for f in c["files"] if f.endswith("_pass_fuse_matmuls.diff"))
+    text = (tmp_path / c["folder"] / diff).read_text()
+    assert text.startswith("# pass fuse_matmuls: rewrites {'shared_input': 4, 'matmuls': 10}")
+    added = [line for line in text.splitlines() if line.startswith("+ ")]
+    assert sum("aten.cat.default" in line for line in added) == 4
+    removed = [line for line in text.splitlines() if line.startswith("- ")]
+    assert sum("aten.mm.default" in line for line in removed) == 10
+
+
+def test_option_is_validated_and_in_the_cache_key():
+    from tpu_inductor.config import Options
+    from tpu_inductor.exc import OptionError
+
+    off, on = Options.from_user({}), Options.from_user({"fusion": {"matmuls": True}})
+    assert pipeline.fingerprint(on) != pipeline.fingerprint(off)
+    assert on.cache_key_entries() != off.cache_key_entries()
+    assert off.fusion.matmuls is False
+    with pytest.raises(OptionError, match="matmuls"):
+        Options.from_user({"fusion": {"matmuls": "yes"}})
