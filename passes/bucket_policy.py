@@ -9,7 +9,7 @@ size, its inputs padded up to the bucket (elsewhere). Policies (`BucketPolicy.ki
 - "multiple": the next multiple of `multiple` (128: 128, 256, ...): padding under `multiple`.
 - "sizes": the smallest explicit size holding the size; one past the largest compiles exactly.
 - "auto": boundaries chosen from the sizes observed (`choose_boundaries` per symbol,
-  `choose_joint` per pair of symbols of one graph; kept in a `BucketPlan` file), then as
+  `choose_joint` jointly for the symbols of one graph (batch x length x ...); kept in a `BucketPlan` file), then as
   "sizes"; until a plan exists, as "pow2".
 
 Always: sizes 0 and 1 are never padded (torch specializes them); a bucket never passes a `bound`
@@ -20,6 +20,7 @@ size past it compiles exactly. `bucket` is >= the size, monotone in it and idemp
 from __future__ import annotations
 
 import json
+import math
 from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -37,8 +38,11 @@ KINDS = ("exact", "pow2", "multiple", "sizes", "auto")
 # seconds to minutes, a padded position a sliver of a step: at 4096 a new bucket pays once it
 # saves 4096 padded positions over the calls seen (32 calls padded by 128). 0: one per size.
 DEFAULT_COMPILE_COST = 4096.0
+# How many combinations of per-symbol candidates `choose_joint` scores at most (8 per symbol
+# up to 4 symbols; fewer beyond).
+JOINT_FAMILY = 4096
 
-PLAN_FORMAT, PLAN_VERSION = "tpu_inductor.bucket_plan", 2  # 2: joint plans
+PLAN_FORMAT, PLAN_VERSION = "tpu_inductor.bucket_plan", 2  # 2: joint plans (of 2+ symbols)
 _FORMS = (
     "'exact', 'pow2', 'auto', 'multiple', {'pow2': {'min': 32}}, "
     "{'policy': 'pow2', 'min_bucket': 32}, {'multiple': 128}, {'sizes': [64, 128, 256]}"
@@ -170,47 +174,69 @@ def choose_boundaries(
 
 
 def choose_joint(
-    histogram: Mapping[tuple[int, int], int], *, max_buckets: int = 8, compile_cost: float
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Boundaries for two symbols (batch b x length l; histogram (b, l) -> count): at most
-    `max_buckets` bucket pairs (B, L) in use, least count*(B*L - b*l) + compile_cost per pair.
-    Optimal over a family, not all boundary sets: each symbol's optimal k-bucket boundaries
-    (k = 1..max_buckets) for its histogram weighted by the other size, every pair of them scored
-    at its joint cost. The pair bound holds unless sizes 0 and 1 (never padded) force more
-    pairs (then the fewest win). Ties: fewer pairs, then smaller boundaries."""
+    histogram: Mapping[tuple[int, ...], int], *, max_buckets: int = 8, compile_cost: float
+) -> tuple[tuple[int, ...], ...]:
+    """Boundaries for two or more symbols of one graph (batch x length x ...; histogram: their
+    sizes -> count): at most `max_buckets` bucket tuples in use, least count*(the product of the
+    buckets - the product of the sizes) + compile_cost per tuple. Optimal over a family, not all
+    boundary sets: each symbol's optimal k-bucket boundaries (k = 1..max_buckets, fewer for
+    many symbols: at most JOINT_FAMILY combinations in all) for its histogram weighted by the
+    others' sizes, every combination scored at its joint cost. The bound holds unless sizes 0
+    and 1 (never padded) force more tuples (then the fewest win). Ties: fewer tuples, then
+    smaller boundaries. One tuple of boundaries per symbol, in the histogram's order."""
     _check_search(max_buckets, compile_cost)
-    items, marginals = [], ({}, {})
-    for (b, n), count in histogram.items():
-        _check_size("b", b), _check_size("l", n), _check_size(f"{(b, n)}'s count", count)
-        for m, size, other in ((marginals[0], b, n), (marginals[1], n, b)):
-            m[size] = m.get(size, 0) + count * max(other, 1)
-        items += [(int(b), int(n), int(count))] if count else []
-    cands = [_optimal_per_k(*_observed(m, None), max_buckets) or [(0, ())] for m in marginals]
+    width = {len(sizes) if isinstance(sizes, tuple) else 0 for sizes in histogram} or {2}
+    if len(width) > 1 or min(width) < 2:
+        raise ValueError(f"choose_joint: want sizes of two or more symbols, not {width}")
+    n = width.pop()
+    items, marginals = [], [{} for _ in range(n)]
+    for sizes, count in histogram.items():
+        for size in sizes:
+            _check_size(f"a size of {sizes}", size)
+        _check_size(f"{sizes}'s count", count)
+        for i, m in enumerate(marginals):
+            weight = math.prod(max(o, 1) for j, o in enumerate(sizes) if j != i)
+            m[sizes[i]] = m.get(sizes[i], 0) + count * weight
+        items += [(tuple(int(v) for v in sizes), int(count))] if count else []
+    per_symbol = max(k for k in range(1, max_buckets + 1) if k**n <= max(JOINT_FAMILY, 1))
+    cands = [_optimal_per_k(*_observed(m, None), per_symbol) or [(0, ())] for m in marginals]
+    largest = math.prod(max((s[i] for s, _ in items), default=1) for i in range(n))
+    total = sum(c for _, c in items)
+    dtype = np.int64 if 2 * max(largest, 16**n) * (total + 1) < 2**62 else object
+    counts = np.array([c for _, c in items], dtype)
+    real = int((counts * np.prod([[s[i] for s, _ in items] for i in range(n)], 0, dtype)).sum())
+    # per symbol, per candidate: each item's bucket
+    tables = [
+        [[BucketPolicy("auto", sizes=b).bucket(s[i]) for s, _ in items] for _, b in cand]
+        for i, cand in enumerate(cands)
+    ]
 
-    def score(bb: tuple[int, ...], bl: tuple[int, ...]) -> tuple:  # the least is best
-        pb, pl = BucketPolicy("auto", sizes=bb), BucketPolicy("auto", sizes=bl)  # () keeps 0, 1
-        pairs = {(pb.bucket(b), pl.bucket(n)) for b, n, _ in items}
-        work = sum(c * (pb.bucket(b) * pl.bucket(n) - b * n) for b, n, c in items)
-        over = len(pairs) > max_buckets
-        return over, len(pairs) * over, work + compile_cost * len(pairs), len(pairs), bb, bl
+    def score(choice: tuple[int, ...]) -> tuple:  # the least is best
+        buckets = [tables[i][j] for i, j in enumerate(choice)]
+        used = len(set(zip(*buckets)))
+        work = int((counts * np.prod(np.array(buckets, dtype), 0, dtype)).sum()) - real
+        over = used > max_buckets
+        chosen = tuple(cands[i][j][1] for i, j in enumerate(choice))
+        return over, used * over, work + compile_cost * used, used, chosen
 
-    return min(score(bb, bl) for (_, bb), (_, bl) in product(*cands))[4:]
+    return min(score(c) for c in product(*(range(len(c)) for c in cands)))[4]
 
 
-JointKey = tuple[str, str]  # two symbol keys, sorted: the pair a joint plan buckets together
+JointKey = tuple[str, ...]  # two or more symbol keys, sorted: what a joint plan buckets together
 
 
 @dataclass
 class BucketPlan:
     """Per symbol key (a text such as "L['input_ids'].size()[1]"), its chosen boundaries and
-    the histogram (size -> count) they were chosen from; per pair of keys one graph's sizes
-    come in (batch x length), the pair's boundaries chosen jointly (`choose_joint`) and its
-    histogram ((size, size) -> count). Saved as JSON; a pair's boundaries win over its keys'."""
+    the histogram (size -> count) they were chosen from; per set of keys one graph's sizes come
+    in (batch x length, or more), their boundaries chosen jointly (`choose_joint`) and their
+    histogram ((size, ...) -> count), keys sorted. Saved as JSON; joint boundaries win over
+    each key's."""
 
     boundaries: dict[str, tuple[int, ...]] = field(default_factory=dict)
     histogram: dict[str, dict[int, int]] = field(default_factory=dict)
-    joint: dict[JointKey, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
-    joint_histogram: dict[JointKey, dict[tuple[int, int], int]] = field(default_factory=dict)
+    joint: dict[JointKey, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    joint_histogram: dict[JointKey, dict[tuple[int, ...], int]] = field(default_factory=dict)
 
     def observe(self, key: str, size: int) -> None:
         """Count one call at `size` for symbol `key`."""
@@ -220,13 +246,13 @@ class BucketPlan:
 
     def observe_call(self, keys: tuple[str, ...], sizes: tuple[int, ...]) -> None:
         """Count one call of a graph whose symbols `keys` are at `sizes`: per key, and for a
-        graph of two symbols, the pair."""
+        graph of two or more symbols, jointly."""
         for key, size in zip(keys, sizes):
             self.observe(key, size)
-        if len(keys) == 2:
-            pair, both = _sorted_pair(keys, sizes)
-            counts = self.joint_histogram.setdefault(pair, {})
-            counts[both] = counts.get(both, 0) + 1
+        if len(keys) >= 2:
+            joint, together = _sorted_keys(keys, sizes)
+            counts = self.joint_histogram.setdefault(joint, {})
+            counts[together] = counts.get(together, 0) + 1
 
     def policy_for(self, key: str, base: BucketPolicy) -> BucketPolicy:
         """An "auto" policy bucketing as "sizes" at the key's boundaries, else `base`."""
@@ -234,18 +260,18 @@ class BucketPlan:
         return replace(base, kind="auto", sizes=sizes) if sizes else base
 
     def policies_for(self, keys: tuple[str, ...], base: BucketPolicy) -> tuple[BucketPolicy, ...]:
-        """The policy of each of a graph's symbol `keys`: the pair's joint boundaries where the
-        plan has them, else each key's (`policy_for`)."""
-        pair = tuple(sorted(keys)) if len(keys) == 2 else None
-        if pair in self.joint:
-            chosen = dict(zip(pair, self.joint[pair]))
+        """The policy of each of a graph's symbol `keys`: their joint boundaries where the plan
+        has them, else each key's (`policy_for`)."""
+        joint = tuple(sorted(keys))
+        if joint in self.joint:
+            chosen = dict(zip(joint, self.joint[joint]))
             return tuple(replace(base, kind="auto", sizes=chosen[k]) for k in keys)
         return tuple(self.policy_for(key, base) for key in keys)
 
     def replan(self, *, max_buckets: int | None = None, compile_cost: float) -> None:
-        """Every histogram's boundaries again: each key's by `choose_boundaries`, each pair's by
-        `choose_joint` (none: the entry is dropped). `max_buckets` (per key; per pair: bucket
-        pairs in use) defaults to as many as pow2 would use for the sizes seen, so never more
+        """Every histogram's boundaries again: each key's by `choose_boundaries`, each joint
+        histogram's by `choose_joint` (none: the entry is dropped). `max_buckets` (per key; jointly: bucket
+        tuples in use) defaults to as many as pow2 would use for the sizes seen, so never more
         compiles than pow2."""
         pow2 = BucketPolicy("pow2", min_bucket=1)
         for key, sizes in self.histogram.items():
@@ -253,9 +279,9 @@ class BucketPlan:
             self.boundaries[key] = choose_boundaries(
                 sizes, max_buckets=budget, compile_cost=compile_cost
             )
-        for pair, sizes in self.joint_histogram.items():
+        for keys, sizes in self.joint_histogram.items():
             budget = max_buckets or max(1, len({tuple(map(pow2.bucket, bl)) for bl in sizes}))
-            self.joint[pair] = choose_joint(sizes, max_buckets=budget, compile_cost=compile_cost)
+            self.joint[keys] = choose_joint(sizes, max_buckets=budget, compile_cost=compile_cost)
         self.boundaries = {k: b for k, b in self.boundaries.items() if b}
         self.joint = {k: b for k, b in self.joint.items() if any(b)}
 
@@ -268,12 +294,15 @@ class BucketPlan:
                 pairs = [[int(s), int(c)] for s, c in sorted(hist.items())]
                 symbols[key] = {"boundaries": [int(s) for s in bounds], "histogram": pairs}
         joint = []
-        for pair in sorted(set(self.joint) | set(self.joint_histogram)):
-            bounds, hist = self.joint.get(pair, ((), ())), self.joint_histogram.get(pair, {})
+        for keys in sorted(set(self.joint) | set(self.joint_histogram)):
+            bounds, hist = (
+                self.joint.get(keys, ((),) * len(keys)),
+                self.joint_histogram.get(keys, {}),
+            )
             if any(bounds) or hist:
-                counts = [[int(b), int(n), int(c)] for (b, n), c in sorted(hist.items())]
+                counts = [[*map(int, sizes), int(c)] for sizes, c in sorted(hist.items())]
                 chosen = [[int(s) for s in b] for b in bounds]
-                joint.append({"symbols": list(pair), "boundaries": chosen, "histogram": counts})
+                joint.append({"symbols": list(keys), "boundaries": chosen, "histogram": counts})
         doc = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "symbols": symbols}
         return {**doc, "joint": joint}
 
@@ -315,25 +344,30 @@ class BucketPlan:
         plan = cls({k: tuple(v["boundaries"]) for k, v in items if v["boundaries"]})
         plan.histogram = {k: dict(v["histogram"]) for k, v in items if v["histogram"]}
         for entry in doc["joint"]:
-            pair = tuple(entry["symbols"])
-            if len(pair) != 2 or list(pair) != sorted(pair) or len(entry["boundaries"]) != 2:
-                raise ValueError(f"joint symbols {list(pair)}: want two, sorted, two boundaries")
+            keys, n = tuple(entry["symbols"]), len(entry["symbols"])
+            if n < 2 or list(keys) != sorted(set(keys)) or len(entry["boundaries"]) != n:
+                raise ValueError(
+                    f"joint symbols {list(keys)}: want 2 or more, sorted, as many boundaries"
+                )
             bounds = tuple(tuple(b) for b in entry["boundaries"])
-            plan.joint.update({pair: bounds} if any(bounds) else {})
-            counts = {(b, n): c for b, n, c in entry["histogram"]}
-            plan.joint_histogram.update({pair: counts} if counts else {})
+            plan.joint.update({keys: bounds} if any(bounds) else {})
+            if any(len(row) != n + 1 for row in entry["histogram"]):
+                raise ValueError(f"joint histogram rows of {list(keys)}: want {n} sizes, a count")
+            counts = {tuple(row[:-1]): row[-1] for row in entry["histogram"]}
+            plan.joint_histogram.update({keys: counts} if counts else {})
         chosen = [*plan.boundaries.values(), *(b for bs in plan.joint.values() for b in bs if b)]
         _ = [BucketPolicy("sizes", sizes=b) for b in chosen]
         _ = [_observed(counts, None) for counts in plan.histogram.values()]
         for counts in plan.joint_histogram.values():
-            for (b, n), c in counts.items():
-                _check_size("b", b), _check_size("l", n), _check_size(f"{(b, n)}'s count", c)
+            for sizes, c in counts.items():
+                _ = [_check_size(f"a size of {sizes}", v) for v in sizes]
+                _check_size(f"{sizes}'s count", c)
         return plan
 
 
-def _sorted_pair(keys: tuple, sizes: tuple) -> tuple[JointKey, tuple[int, int]]:
-    """A pair of keys in sorted order, and their sizes in the same order."""
-    order = sorted(range(2), key=lambda i: keys[i])
+def _sorted_keys(keys: tuple, sizes: tuple) -> tuple[JointKey, tuple[int, ...]]:
+    """Keys in sorted order, and their sizes in the same order."""
+    order = sorted(range(len(keys)), key=lambda i: keys[i])
     return tuple(keys[i] for i in order), tuple(int(sizes[i]) for i in order)
 
 

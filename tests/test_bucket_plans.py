@@ -93,6 +93,45 @@ def test_the_joint_plan_is_chosen_saved_and_used_by_a_new_process(tmp_path):
     assert second["padded_share"] < first["padded_share"]
 
 
+class _ThreeDims(torch.nn.Module):
+    def forward(self, x):
+        return x.softmax(2).sum(1)  # reads across the padded dims 1 and 2
+
+
+# Batch x length x width of one run: pow2 buckets them as (4, 64, 8) and (8, 16, 32).
+TRIPLES = [(3, 40, 5), (3, 38, 6), (6, 12, 20), (6, 10, 18), (7, 11, 19), (3, 40, 5)]
+
+
+def test_a_joint_plan_of_three_symbols_is_chosen_saved_and_used_by_a_new_process(tmp_path):
+    plan = tmp_path / "plan.json"
+    options = {"shapes": {"policy": "auto", "plan": str(plan), **NAN_PADDING}, "cache": False}
+
+    def run() -> tuple[dict, int]:
+        torch._dynamo.reset()
+        compiled = torch.compile(_ThreeDims(), backend="tpu_inductor", options=options)
+        before = tpu_inductor.compiles()
+        for sizes in TRIPLES:
+            x = torch.randn(sizes)
+            for dim in range(3):
+                torch._dynamo.maybe_mark_dynamic(x, dim)
+            assert_same(compiled(x), _ThreeDims()(x), atol=1e-6, rtol=1e-5)
+        return bucketing.report()[-1], tpu_inductor.compiles() - before
+
+    first, first_compiles = run()  # no plan yet: as pow2
+    assert len(first["buckets"]) == first_compiles == 2, first
+    tpu_inductor.save_plans()
+    (joint,) = json.loads(plan.read_text())["joint"]
+    assert joint["symbols"] == [f"L['x'].size()[{d}]" for d in range(3)]
+    assert sorted(tuple(row[:3]) for row in joint["histogram"]) == sorted(set(TRIPLES))
+    _new_process()  # the plan read from its file
+    second, second_compiles = run()
+    policies = [BucketPolicy("sizes", sizes=b) for b in joint["boundaries"]]
+    served = {str(tuple(p.bucket(n) for p, n in zip(policies, t))) for t in TRIPLES}
+    assert set(second["buckets"]) == served
+    assert second_compiles <= first_compiles  # never more compiles than pow2
+    assert second["padded_share"] < first["padded_share"]
+
+
 def test_the_aot_compiler_takes_the_plans_buckets(tmp_path):
     plan, out = tmp_path / "plan.json", tmp_path / "artifact"
     _run({"policy": "auto", "plan": str(plan)}, PAIRS)

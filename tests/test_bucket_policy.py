@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 
 import pytest
@@ -307,6 +308,59 @@ def test_choose_joint_examples():
     assert len(_joint(forced, bb, bl)[0]) == 3
 
 
+triple_histograms = st.dictionaries(
+    st.tuples(st.integers(2, 16), st.integers(2, 300), st.integers(2, 40)),
+    st.integers(1, 9),
+    min_size=1,
+    max_size=20,
+)
+
+
+def _joint_n(histogram, boundaries):
+    """The bucket tuples in use and the padded work of `boundaries`, one per symbol."""
+    policies = [BucketPolicy("auto", sizes=b) for b in boundaries]
+    buckets = {sizes: tuple(p.bucket(s) for p, s in zip(policies, sizes)) for sizes in histogram}
+    work = sum(c * (math.prod(buckets[s]) - math.prod(s)) for s, c in histogram.items())
+    return set(buckets.values()), work
+
+
+@PROPERTY
+@given(histogram=triple_histograms, max_buckets=st.integers(1, 8), cost=costs)
+def test_choose_joint_of_three_symbols_uses_at_most_max_buckets_tuples(
+    histogram, max_buckets, cost
+):
+    chosen = choose_joint(histogram, max_buckets=max_buckets, compile_cost=cost)
+    assert len(chosen) == 3
+    used, work = _joint_n(histogram, chosen)
+    assert len(used) <= max_buckets
+    assert all(s <= b[-1] for sizes in histogram for s, b in zip(sizes, chosen))  # none exact
+    one = _joint_n(histogram, [(max(s[i] for s in histogram),) for i in range(3)])
+    assert work + cost * len(used) <= one[1] + cost  # never worse than one bucket tuple
+
+
+@PROPERTY
+@given(histogram=joint_histograms, size=st.integers(2, 9), at=st.integers(0, 2))
+def test_a_symbol_of_one_size_leaves_the_others_joint_boundaries_alone(histogram, size, at):
+    """Free compiles: a third symbol always at `size` scales every padded element by `size`,
+    so the other two get the boundaries they get alone, and it gets (size,)."""
+    pairs = choose_joint(histogram, max_buckets=4, compile_cost=0)
+    triples = {(*k[:at], size, *k[at:]): c for k, c in histogram.items()}
+    chosen = choose_joint(triples, max_buckets=4, compile_cost=0)
+    assert chosen == (*pairs[:at], (size,), *pairs[at:])
+
+
+def test_choose_joint_examples_of_three_symbols():
+    histogram = {(2, 10, 3): 5, (4, 20, 3): 2, (4, 20, 7): 1, (8, 100, 7): 1}
+    chosen = choose_joint(histogram, max_buckets=3, compile_cost=0)
+    assert chosen == ((4, 8), (20, 100), (3, 7))
+    assert _joint_n(histogram, chosen) == ({(4, 20, 3), (4, 20, 7), (8, 100, 7)}, 900)
+    assert choose_joint({}, compile_cost=0) == ((), ())
+    with pytest.raises(ValueError, match="two or more"):
+        choose_joint({(3,): 1}, compile_cost=0)
+    with pytest.raises(ValueError, match="two or more"):
+        choose_joint({(3, 4): 1, (3, 4, 5): 1}, compile_cost=0)
+
+
 # --- BucketPlan ----------------------------------------------------------------------------
 
 
@@ -329,10 +383,10 @@ def test_plan_observe_replan_save_load_round_trip(tmp_path_factory, seed, keys, 
     for pair, hist in plan.joint_histogram.items():
         assert list(pair) == sorted(pair)
         chosen = choose_joint(hist, max_buckets=4, compile_cost=cost)
-        assert plan.joint.get(pair, ((), ())) == chosen
+        assert plan.joint.get(pair, ((),) * len(pair)) == chosen
     assert sum(sum(h.values()) for h in plan.histogram.values()) == sum(map(len, calls))
-    pairs = sum(sum(h.values()) for h in plan.joint_histogram.values())
-    assert pairs == sum(len(c) == 2 for c in calls)
+    joint = sum(sum(h.values()) for h in plan.joint_histogram.values())
+    assert joint == sum(len(c) >= 2 for c in calls)
     folder = tmp_path_factory.mktemp("plan")
     path = folder / "deeper" / "plan.json"
     plan.save(path)
@@ -376,6 +430,11 @@ def test_a_pairs_joint_boundaries_win_over_its_keys():
     plan.observe_call(("s", "b"), (7, 3))
     assert plan.joint_histogram == {("b", "s"): {(3, 7): 1}}
     assert plan.histogram == {"s": {7: 1}, "b": {3: 1}}
+    plan.joint[("b", "s", "t")] = ((8,), (64,), (5, 9))  # three symbols, any order
+    seq, width, batch = plan.policies_for(("s", "t", "b"), base)
+    assert (seq.bucket(41), width.bucket(6), batch.bucket(3)) == (64, 9, 8)
+    plan.observe_call(("t", "s", "b"), (6, 41, 3))
+    assert plan.joint_histogram[("b", "s", "t")] == {(3, 41, 6): 1}
 
 
 def _plan_text(joint=(), **symbols):
@@ -402,7 +461,9 @@ def _joint_entry(symbols=("b", "s"), boundaries=((4,), (64,)), histogram=((3, 9,
         (json.dumps({"format": PLAN_FORMAT, "version": 2, "symbols": {}}), "joint"),
         (json.dumps({"format": PLAN_FORMAT, "version": 2, "symbols": [], "joint": []}), "save"),
         (_plan_text(joint=[_joint_entry(symbols=("s", "b"))]), "sorted"),
-        (_plan_text(joint=[_joint_entry(symbols=("b", "s", "t"))]), "two"),
+        (_plan_text(joint=[_joint_entry(symbols=("b", "s", "t"))]), "as many"),
+        (_plan_text(joint=[_joint_entry(symbols=("b",), boundaries=((4,),))]), "2 or more"),
+        (_plan_text(joint=[_joint_entry(histogram=((3, 9, 2, 1),))]), "want 2 sizes"),
         (_plan_text(joint=[_joint_entry(boundaries=((8, 4), (64,)))]), "ascending"),
         (_plan_text(joint=[_joint_entry(histogram=((3, 9, -1),))]), "count"),
         (_plan_text(joint=[_joint_entry(histogram=((9, 3, 1), (3, 9, 1)))]), "unsorted"),

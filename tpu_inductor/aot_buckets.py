@@ -42,7 +42,7 @@ SMALLEST = 2  # the smallest size a padded bucket serves: torch specializes size
 def buckets_from_plan(path, inputs: Sequence) -> dict[str, tuple[int, ...]]:
     """`--plan FILE`: each named dim's buckets from an `auto` bucket plan (tpu_inductor.
     save_plans): the boundaries chosen for the input's dim under torch.compile (its key,
-    `L['ids'].size()[1]` for the dim 1 of input `ids`), a pair's joint boundaries over its keys'
+    `L['ids'].size()[1]` for the dim 1 of input `ids`), joint boundaries (2+ keys) over each key's
     own; dims that share a name take every one of their boundaries. The plan's buckets are the
     artifact's: a size above the largest is refused, as with --bucket. Dims the plan has no
     boundaries for are left out; a plan with none for any named dim is an OptionError."""

@@ -120,7 +120,7 @@ class BucketDispatch:
 
     def _buckets(self, true: dict[str, int]) -> dict[str, int]:
         """Each symbol's bucket for its true size: by the policy, or under "auto" by the plan
-        (a pair's joint boundaries, else the symbol's), which counts the call."""
+        (the graph's symbols' joint boundaries, else the symbol's), which counts the call."""
         symbols = self._layout.symbols
         policies = (self._policy,) * len(symbols)
         if self._plan is not None:
@@ -251,8 +251,8 @@ def save_plans(compile_cost: float = 0.0, max_buckets: int | None = None) -> lis
     that has a file (option shapes.plan); returns their paths. A new process, or `tpu-inductor
     compile --plan`, given the same file buckets at these boundaries.
 
-    Per symbol, and jointly per pair of symbols one graph's sizes come in (batch x length):
-    at most `max_buckets` buckets, per pair bucket pairs (default: as many as pow2 needs for
+    Per symbol, and jointly for the symbols one graph's sizes come in (batch x length x ...):
+    at most `max_buckets` buckets, jointly bucket tuples (default: as many as pow2 needs for
     the sizes seen, so never more compiles than pow2), the padded work least, plus
     `compile_cost` padded elements per bucket (raise it to trade padding for fewer compiles)."""
     saved = []
