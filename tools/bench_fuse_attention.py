@@ -1,15 +1,22 @@
-"""Benchmark the attention fusion on and off: compile seconds, steady-state milliseconds and
-the executables' temporaries (PJRT's compiled memory stats), per form or model and length.
+"""Benchmark a fusion on and off: compile seconds, steady-state milliseconds and the
+executables' temporaries (PJRT's compiled memory stats), per form or model and length.
 
     .venv/bin/python tools/bench_fuse_attention.py [--lengths 512,2048] [--repeat 5]
     .venv/bin/python tools/bench_fuse_attention.py --models llama,gpt2,bert,mixtral \
         [--attn sdpa,eager] [--lengths 512,4096]
+    .venv/bin/python tools/bench_fuse_attention.py --fusion matmuls --models llama,gpt2,bert \
+        --attn sdpa [--train] [--hidden 512]
+    .venv/bin/python tools/bench_fuse_attention.py --fusion matmuls --hidden 2048 --lengths 1,512
 
 Forms: Hugging Face Llama's eager attention (GQA 8 query / 2 KV heads by repeat_kv, a causal
 float bias built in the graph, softmax in float32), the same with a padding mask given, and
 SDPA with repeated K/V. Models: tests/hf_zoo.py's, at `MODEL_SIZE` (d128, 2 layers, 8 heads,
-GQA 8/4 for the decoders, batch 1), inference, with each `--attn` implementation; `fused`
-counts the attentions rewritten to the op. Before the first, a one-op compile initializes jax. Caches are off; each configuration
+GQA 8/4 for the decoders, batch 1; `--hidden` changes the width), inference or with `--train`
+a training step (forward and backward of the loss), with each `--attn` implementation.
+`--fusion` is the option switched: `attention` (`fused` counts the attentions rewritten to the
+op) or `matmuls` (passes/fuse_matmuls.py; `fused` counts the matmuls merged; its forms are
+Q/K/V projections of `--hidden` features against three weights, and against one made outside
+the graph for reference). Before the first, a one-op compile initializes jax. Caches are off; each configuration
 compiles once in this process; the first call's seconds include Dynamo and AOTAutograd.
 """
 
@@ -57,7 +64,26 @@ def sdpa_repeat_kv(q, k, v, m):
 FORMS = {"llama_eager": llama_eager, "llama_eager_padded": llama_eager_padded}
 FORMS["sdpa_repeat_kv"] = sdpa_repeat_kv
 
-_FUSED = ("written_out", "sdpa_forward")  # fuse_attention's counts of attentions made the op
+
+def projections(x, wq, wk, wv):
+    """Q/K/V projections, their weights graph inputs: what fusion.matmuls merges."""
+    return x @ wq.t(), x @ wk.t(), x @ wv.t()
+
+
+def projections_concatenated(x, wqkv):
+    """The same against one weight made outside the graph (what hoisting the concatenation
+    out of the graph, once per parameter version, would run)."""
+    d = x.shape[-1]
+    return (x @ wqkv.t()).split([d, d // 4, d // 4], -1)
+
+
+MATMUL_FORMS = {"projections": projections, "projections_concatenated": projections_concatenated}
+
+# per fusion option, the pass counters that say what it fused
+_FUSED = {
+    "attention": ("fuse_attention.written_out", "fuse_attention.sdpa_forward"),
+    "matmuls": ("fuse_matmuls.matmuls",),
+}
 _temps: list[int] = []
 _compile = runtime.compile_stablehlo
 
@@ -69,19 +95,19 @@ def _recording_compile(module, device):
     return executable
 
 
-def _options(fuse: bool) -> dict:
-    return {"cache": False, "fallback": "error", "fusion": {"attention": fuse}}
+def _options(fuse: bool, fusion: str = "attention") -> dict:
+    return {"cache": False, "fallback": "error", "fusion": {fusion: fuse}}
 
 
-def _timed(call, repeat: int) -> dict:
+def _timed(call, repeat: int, fusion: str = "attention", train: bool = False) -> dict:
     """The first call's seconds, the median of `repeat` more in ms, the temporaries (MiB) of
-    what compiled (summed over its executables, counted), and how many attentions became the op,
-    under no_grad."""
+    what compiled (summed over its executables, counted), and what `fusion` fused, under
+    no_grad unless `train`."""
     _temps.clear()
     cache.memory_cache.clear()  # an executable another configuration compiled is compiled again
     runtime.forget_executables()
     before = collections.Counter(pipeline.counters)
-    with torch.no_grad():
+    with torch.set_grad_enabled(train):
         start = time.perf_counter()
         call()
         compile_s = time.perf_counter() - start
@@ -90,9 +116,7 @@ def _timed(call, repeat: int) -> dict:
             start = time.perf_counter()
             call()
             times.append(time.perf_counter() - start)
-    fused = sum(
-        pipeline.counters[f"fuse_attention.{k}"] - before[f"fuse_attention.{k}"] for k in _FUSED
-    )
+    fused = sum(pipeline.counters[k] - before[k] for k in _FUSED[fusion])
     return {
         "compile_s": compile_s,
         "step_ms": 1e3 * statistics.median(times),
@@ -112,15 +136,32 @@ def measure(fn, length: int, fuse: bool, repeat: int) -> dict:
     return _timed(lambda: compiled(q, k, v, m), repeat)
 
 
-MODEL_SIZE = dict(hidden=128, layers=2, heads=8, batch=1)
+def measure_projections(fn, length: int, fuse: bool, repeat: int, *, hidden) -> dict:
+    """`fn` of `length` tokens of `hidden` features; K/V a quarter of Q (GQA 8/2)."""
+    torch.manual_seed(0)
+    x = torch.randn(length, hidden)
+    w = [torch.randn(n, hidden) for n in (hidden, hidden // 4, hidden // 4)]
+    if fn is projections_concatenated:
+        w = [torch.cat(w)]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="tpu_inductor", options=_options(fuse, "matmuls"))
+    return _timed(lambda: compiled(x, *w), repeat, "matmuls")
 
 
-def measure_model(name: str, attn: str, length: int, fuse: bool, repeat: int) -> dict:
-    model, kwargs = hf_zoo.build(name, hf_zoo.Size(**MODEL_SIZE, seq=length))
+MODEL_SIZE = dict(layers=2, heads=8, batch=1)
+
+
+def measure_model(
+    name: str, attn: str, length: int, fuse: bool, repeat: int, *, fusion, train, hidden
+) -> dict:
+    model, kwargs = hf_zoo.build(name, hf_zoo.Size(**MODEL_SIZE, hidden=hidden, seq=length))
     model.set_attn_implementation(attn)
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="tpu_inductor", options=_options(fuse))
-    return _timed(lambda: compiled(**kwargs), repeat)
+    compiled = torch.compile(model, backend="tpu_inductor", options=_options(fuse, fusion))
+    if train:
+        kwargs = {**kwargs, "labels": kwargs["input_ids"]}
+        return _timed(lambda: compiled(**kwargs).loss.backward(), repeat, fusion, train)
+    return _timed(lambda: compiled(**kwargs), repeat, fusion)
 
 
 def _row(label: str, length: int, fuse: bool, r: dict) -> str:
@@ -134,22 +175,42 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="512,2048")
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--forms", default=",".join(FORMS))
+    parser.add_argument("--forms", help="default: the fusion's forms (attention or projections)")
     parser.add_argument("--models", help="tests/hf_zoo.py names, instead of the forms")
     parser.add_argument("--attn", default="sdpa,eager", help="with --models")
+    parser.add_argument(
+        "--fusion", default="attention", choices=sorted(_FUSED), help="with --models"
+    )
+    parser.add_argument("--train", action="store_true", help="with --models: a training step")
+    parser.add_argument("--hidden", type=int, default=128, help="with --models")
     args = parser.parse_args(argv)
     runtime.compile_stablehlo = _recording_compile
     lengths = [int(n) for n in args.lengths.split(",")]
     if args.models:
         configs = [
-            (f"{name}/{attn}", functools.partial(measure_model, name, attn))
+            (
+                f"{name}/{attn}",
+                functools.partial(
+                    measure_model,
+                    name,
+                    attn,
+                    fusion=args.fusion,
+                    train=args.train,
+                    hidden=args.hidden,
+                ),
+            )
             for name in args.models.split(",")
             for attn in args.attn.split(",")
         ]
-    else:
+    elif args.fusion == "matmuls":
+        forms = (args.forms or ",".join(MATMUL_FORMS)).split(",")
         configs = [
-            (name, functools.partial(measure, FORMS[name])) for name in args.forms.split(",")
+            (name, functools.partial(measure_projections, MATMUL_FORMS[name], hidden=args.hidden))
+            for name in forms
         ]
+    else:
+        forms = (args.forms or ",".join(FORMS)).split(",")
+        configs = [(name, functools.partial(measure, FORMS[name])) for name in forms]
     torch.compile(torch.neg, backend="tpu_inductor", options=_options(False))(torch.ones(2))
     print("config               length fusion  compile_s  step_ms  temp_MiB fused execs")
     for label, run in configs:
