@@ -42,6 +42,7 @@ RULE_MODULES = (
     "special",
     "nn",
     "attention",
+    "attention_kernels",
     "resample",
     "statistics",
     "random",

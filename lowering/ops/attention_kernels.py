@@ -1,0 +1,232 @@
+"""Per-platform kernels for `tpu_inductor::attention` and its backward (the op: attention_op.py).
+
+The portable rules (`lowering/ops/attention.py`, "the XLA form": float32 scores, softmax by
+logsumexp, grouped-query heads folded into K/V's) serve every platform; this module registers
+overrides that choose a fused kernel where the kernel's constraints hold and fall back to the
+XLA form elsewhere, naming why:
+
+- `tpu`: the Splash attention Pallas kernel (`jax.experimental.pallas.ops.tpu.
+  splash_attention`, one `tpu_custom_call` per call) when q's and K/V's leading dims agree, the
+  dtype is float32 or bfloat16, the head dim (of q, k and v alike) is a multiple of the 128
+  lanes, both lengths are multiples of 128 (blocks of 512, 256 or 128 that divide them), and the
+  mask is one the kernel builds itself: none, or a causal diagonal d >= 0 (its
+  `CausalMask` offset; decode steps included). A mask tensor (padding, additive bias) is not.
+  Grouped-query and multi-query attention (the op's q heads are a multiple of K/V's) read K/V
+  unrepeated: the kernel maps each query head to its K/V head. The kernel applies no scale: q
+  is scaled first, in float32. The backward is the kernel's own
+  VJP (its dq and dkv kernels) taken through a recomputed forward: the kernel's backward that
+  takes saved residuals is private to jax.
+- `cuda`: cuDNN's fused attention through `jax.nn.dot_product_attention(implementation=
+  "cudnn")` (its BTNH layout, so q/k/v are transposed in and out) for float16/bfloat16, no
+  decode diagonal, and a float mask or none (cuDNN takes it as a bias). jax raises for shapes
+  cuDNN does not take (and when no cuDNN is present, as on a lowering-only host); that
+  exception is the reason of the fallback. Its logsumexp comes back in the output's dtype and
+  is widened; the backward again differentiates the kernel (cuDNN's backward).
+- `cpu` and anything else: the portable rules, unchanged.
+
+Every choice is counted in `counters` (process-wide, like `passes.pipeline.counters`): keys
+`"<platform>.<kernel>"` for a kernel chosen and `"<platform>.xla: <reason>"` for a fallback,
+and logged at INFO: how many attentions a lowering runs as kernels (StableHLO undercounts
+them: jax emits one function per distinct kernel, called once per layer). `splash_attention(..., interpret=True)` is the same kernel in Pallas
+interpret mode, which runs on any host (the tests check its numerics against eager torch).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import math
+
+import jax
+import jax.numpy as jnp
+
+from tpu_inductor.attention_op import ops as ours
+
+from ..dtypes import x64_scope
+from ..registry import register_lowering
+from . import attention as xla_form
+from .nn import _results
+
+log = logging.getLogger(__name__)
+
+counters: collections.Counter = collections.Counter()
+
+LANES = 128  # the TPU's vector width: Splash's blocks and head dims are multiples of it
+_BLOCKS = (512, 256, 128)  # the block sizes tried, largest first
+_SPLASH_DTYPES = (jnp.float32, jnp.bfloat16)
+_CUDNN_DTYPES = (jnp.float16, jnp.bfloat16)
+
+
+def _count(platform: str, kernel: str, reason: str | None) -> bool:
+    """Record one choice; True when the kernel was chosen (reason None)."""
+    key = f"{platform}.{kernel}" if reason is None else f"{platform}.xla: {reason}"
+    counters[key] += 1
+    log.info("attention on %s: %s", platform, kernel if reason is None else f"XLA ({reason})")
+    return reason is None
+
+
+def splash_refusal(q, k, v, mask, causal_diagonal) -> str | None:
+    """Why the Splash kernel cannot compute this attention (None: it can)."""
+    if q.ndim < 3 or q.shape[:-3] != k.shape[:-3] or k.shape[:-3] != v.shape[:-3]:
+        return f"q {q.shape} and k {k.shape} have no common leading dims before [H, L, D]"
+    if q.dtype not in _SPLASH_DTYPES:
+        return f"dtype {q.dtype} (the kernel takes float32 and bfloat16)"
+    if mask is not None:
+        return f"a {mask.dtype} mask tensor (the kernel builds only full and causal masks)"
+    if causal_diagonal is not None and causal_diagonal < 0:
+        return f"causal diagonal {causal_diagonal} leaves rows without keys"
+    length, dim, count = q.shape[-2], q.shape[-1], k.shape[-2]
+    if dim % LANES or v.shape[-1] % LANES:
+        return f"head dims {dim}/{v.shape[-1]} are not multiples of {LANES}"
+    if length % LANES or count % LANES:
+        return f"lengths {length}/{count} are not multiples of the {LANES}-wide blocks"
+    return None
+
+
+def _block(size: int) -> int:
+    return next(b for b in _BLOCKS if size % b == 0)
+
+
+@functools.cache
+def _splash_kernel(heads, length, count, causal_diagonal, residuals, interpret):
+    """The Splash kernel for [heads, length, D] queries against [.., count, D] keys."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+    shape = (length, count)
+    one = (
+        splash.FullMask(shape)
+        if causal_diagonal is None
+        else splash.CausalMask(shape, offset=causal_diagonal)
+    )
+    bq, bkv = _block(length), _block(count)
+    blocks = splash.BlockSizes(
+        block_q=bq,
+        block_kv=bkv,
+        block_kv_compute=bkv,
+        block_q_dkv=bq,
+        block_kv_dkv=bkv,
+        block_kv_dkv_compute=bkv,
+        block_q_dq=bq,
+        block_kv_dq=bkv,
+    )
+    return splash.make_splash_mha_single_device(
+        splash.MultiHeadMask([one] * heads),
+        block_sizes=blocks,
+        save_residuals=residuals,
+        interpret=interpret,
+    )
+
+
+def splash_attention(q, k, v, scale, causal_diagonal, *, residuals=True, interpret=False):
+    """The op's attention by the Splash kernel: (out, logsumexp) for q [..., H, L, D], k and
+    v [..., Hkv, S, D] (`splash_refusal` None), or out alone with `residuals=False` (the form
+    the kernel differentiates). `interpret`: Pallas interpret mode (any host)."""
+    heads, length, _ = q.shape[-3:]
+    lead = q.shape[:-3]
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scaled = (q.astype(jnp.float32) * scale).astype(q.dtype)  # the kernel applies no scale
+    flat = [t.reshape(-1, *t.shape[-3:]) for t in (scaled, k, v)]
+    with x64_scope("narrow"):  # the kernel's index arithmetic mixes int32 with default ints
+        kernel = _splash_kernel(heads, length, k.shape[-2], causal_diagonal, residuals, interpret)
+        result = jax.vmap(kernel)(*flat)
+    if not residuals:
+        return result.reshape(*lead, *result.shape[1:])
+    out, (lse,) = result
+    return out.reshape(*lead, *out.shape[1:]), lse.reshape(*lead, *lse.shape[1:])
+
+
+def splash_attention_grads(grad, q, k, v, scale, causal_diagonal, *, interpret=False):
+    """(dq, dk, dv) by the Splash kernel's own VJP (its dq and dkv kernels)."""
+    fwd = functools.partial(
+        splash_attention,
+        scale=scale,
+        causal_diagonal=causal_diagonal,
+        residuals=False,
+        interpret=interpret,
+    )
+    with x64_scope("narrow"):
+        _, vjp = jax.vjp(fwd, q, k, v)
+        return vjp(grad.astype(q.dtype))
+
+
+@register_lowering(ours.attention.default, platform="tpu", needs_ctx=True)
+def attention_tpu(ctx, q, k, v, mask, scale, causal_diagonal=None, empty_rows_nan=False):
+    if not _count("tpu", "splash", splash_refusal(q, k, v, mask, causal_diagonal)):
+        return xla_form.attention(ctx, q, k, v, mask, scale, causal_diagonal, empty_rows_nan)
+    return _results(ctx, splash_attention(q, k, v, scale, causal_diagonal))
+
+
+@register_lowering(ours.attention_backward.default, platform="tpu", needs_ctx=True)
+def attention_backward_tpu(ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal=None):
+    if not _count("tpu", "splash", splash_refusal(q, k, v, mask, causal_diagonal)):
+        return xla_form.attention_backward(
+            ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal
+        )
+    return _results(ctx, splash_attention_grads(grad, q, k, v, scale, causal_diagonal))
+
+
+def cudnn_refusal(q, k, v, mask, causal_diagonal) -> str | None:
+    """Why cuDNN's kernel is not tried for this attention (None: try it; jax checks the rest)."""
+    if q.ndim != 4 or k.ndim != 4:
+        return f"q {q.shape}: cuDNN takes [B, H, L, D] attention only"
+    if q.dtype not in _CUDNN_DTYPES:
+        return f"dtype {q.dtype} (cuDNN takes float16 and bfloat16)"
+    if causal_diagonal not in (None, 0):
+        return f"causal diagonal {causal_diagonal} (cuDNN's causal mask is the main diagonal)"
+    if mask is not None and mask.dtype == jnp.bool_:
+        return "a bool mask tensor (given to cuDNN as a bias it would be a float mask)"
+    return None
+
+
+def _cudnn_forward(q, k, v, mask, scale, causal_diagonal):
+    """(out, logsumexp) by cuDNN; q/k/v [B, H, L, D] in, BTNH inside."""
+    btnh = [jnp.swapaxes(t, 1, 2) for t in (q, k, v)]
+    bias = None if mask is None else jnp.broadcast_to(mask, (*q.shape[:-1], k.shape[-2]))
+    out, lse = jax.nn.dot_product_attention(
+        *btnh,
+        bias=None if bias is None else bias.astype(q.dtype),
+        scale=scale,
+        is_causal=causal_diagonal == 0,
+        implementation="cudnn",
+        return_residual=True,
+    )
+    return jnp.swapaxes(out, 1, 2), jnp.swapaxes(lse, 1, 2).astype(jnp.float32)  # from BTN
+
+
+def _cudnn_grads(grad, q, k, v, mask, scale, causal_diagonal):
+    """(dq, dk, dv) by cuDNN's backward kernel, the VJP of its forward."""
+    fwd = lambda *qkv: _cudnn_forward(*qkv, mask, scale, causal_diagonal)[0]  # noqa: E731
+    _, vjp = jax.vjp(fwd, q, k, v)
+    return vjp(grad.astype(q.dtype))
+
+
+def _cudnn(platform_rule, *args):
+    """(the cuDNN rule's values, None), or (None, why jax refused: it raises for a shape or
+    dtype cuDNN lacks, and where no cuDNN is present, as on a lowering-only host)."""
+    try:
+        return platform_rule(*args), None
+    except (RuntimeError, NotImplementedError, ValueError) as e:  # jax's words for "not here"
+        return None, f"{type(e).__name__}: {e}"
+
+
+@register_lowering(ours.attention.default, platform="cuda", needs_ctx=True)
+def attention_cuda(ctx, q, k, v, mask, scale, causal_diagonal=None, empty_rows_nan=False):
+    result, refusal = None, cudnn_refusal(q, k, v, mask, causal_diagonal)
+    if refusal is None:
+        result, refusal = _cudnn(_cudnn_forward, q, k, v, mask, scale, causal_diagonal)
+    if not _count("cuda", "cudnn", refusal):
+        return xla_form.attention(ctx, q, k, v, mask, scale, causal_diagonal, empty_rows_nan)
+    return _results(ctx, result)
+
+
+@register_lowering(ours.attention_backward.default, platform="cuda", needs_ctx=True)
+def attention_backward_cuda(ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal=None):
+    result, refusal = None, cudnn_refusal(q, k, v, mask, causal_diagonal)
+    if refusal is None:
+        result, refusal = _cudnn(_cudnn_grads, grad, q, k, v, mask, scale, causal_diagonal)
+    if not _count("cuda", "cudnn", refusal):
+        return xla_form.attention_backward(
+            ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal
+        )
+    return _results(ctx, result)

@@ -1,0 +1,230 @@
+"""The attention op's per-platform kernels (lowering/ops/attention_kernels.py).
+
+The TPU lowering (Splash attention) is produced here: `lower(..., platform="tpu")` and the AOT
+compiler give StableHLO with the kernel's `tpu_custom_call`; its numerics are checked in Pallas
+interpret mode against eager SDPA, forward and backward. Unsupported shapes and masks fall back
+to the XLA form with the reason counted. Grouped-query folding: a Llama decode step against a
+long KV cache, whose repeated K/V dominate its temporaries, compiled with fusion on and off.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from tpu_inductor.lowering import lower
+from tpu_inductor.lowering.ops import attention_kernels
+
+from tests.helpers import assert_same
+from tpu_inductor import aot, cache, runtime
+from tpu_inductor.attention_op import ops
+
+SCALE = 0.3
+
+
+def _forward_and_backward(mask, diagonal):
+    def fn(q, k, v, grad, *masks):
+        m = masks[0] if masks else mask
+        out, lse = ops.attention(q, k, v, m, SCALE, diagonal)
+        return out, lse, *ops.attention_backward(grad, q, k, v, out, lse, m, SCALE, diagonal)
+
+    return fn
+
+
+def _inputs(heads, kv_heads, length, count, dim, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, heads, length, dim, generator=g).to(dtype)
+    k, v = (torch.randn(1, kv_heads, count, dim, generator=g).to(dtype) for _ in range(2))
+    return q, k, v, torch.randn(1, heads, length, dim, generator=g).to(dtype)
+
+
+def _lowered_choices(platform, args, mask=None, diagonal=None):
+    """(the StableHLO text of the op's forward and backward lowered for `platform`, the
+    choices counted meanwhile)."""
+    fn = _forward_and_backward(mask, diagonal)
+    masks = () if mask is None else (mask,)
+    gm = make_fx(fn, tracing_mode="fake")(*args, *masks)
+    before = collections.Counter(attention_kernels.counters)
+    text = lower(gm, [*args, *masks], platform=platform).text
+    return text, dict(attention_kernels.counters - before)
+
+
+@pytest.mark.parametrize(
+    "kv_heads, length, count, diagonal",
+    [(2, 256, 256, 0), (1, 128, 256, 128), (4, 256, 384, None)],
+    ids=["gqa_causal", "mqa_decode_diagonal", "mha_full"],
+)
+def test_tpu_lowering_calls_splash(kv_heads, length, count, diagonal):
+    """Forward and backward each become the kernel: one call forward; backward, the kernel's
+    VJP (the forward again, its dq and dkv kernels)."""
+    args = _inputs(4, kv_heads, length, count, 128)
+    text, choices = _lowered_choices("tpu", args, diagonal=diagonal)
+    assert choices == {"tpu.splash": 2}
+    assert text.count("tpu_custom_call") == 4
+
+
+def _splash_against_sdpa(q, k, v, grad, diagonal, bound):
+    """Splash in interpret mode (out, logsumexp, gradients) against eager SDPA in float32 of
+    the same inputs, each within `bound` of the expected tensor's largest magnitude."""
+    out, lse = attention_kernels.splash_attention(
+        *map(_jax, (q, k, v)), SCALE, diagonal, interpret=True
+    )
+    grads = attention_kernels.splash_attention_grads(
+        *map(_jax, (grad, q, k, v)), SCALE, diagonal, interpret=True
+    )
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    groups = q.shape[1] // k.shape[1]
+    keys, values = (t.repeat_interleave(groups, 1) for t in leaves[1:])
+    mask = None
+    if diagonal is not None:
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril(diagonal)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        leaves[0], keys, values, attn_mask=mask, scale=SCALE
+    )
+    expected.backward(grad.float())
+    scores = leaves[0].detach().double() @ keys.detach().double().transpose(-1, -2) * SCALE
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -torch.inf)
+    pairs = [(out, expected.detach()), (lse, torch.logsumexp(scores, -1).float())]
+    for got, want in [*pairs, *((g, leaf.grad) for g, leaf in zip(grads, leaves))]:
+        assert_same(_torch(got), want, rtol=bound, atol=bound * float(want.abs().max()))
+    assert out.dtype == grads[0].dtype == _jax(q).dtype
+
+
+def _jax(t):
+    return jnp.asarray(t.float().numpy()).astype(
+        jnp.bfloat16 if t.dtype == torch.bfloat16 else jnp.float32
+    )
+
+
+def _torch(a):
+    return torch.from_numpy(np.array(a.astype(jnp.float32)))
+
+
+@pytest.mark.parametrize(
+    "kv_heads, length, count, diagonal",
+    [(2, 256, 256, 0), (1, 128, 256, 128), (2, 128, 256, None)],
+    ids=["gqa_causal", "mqa_decode_diagonal", "gqa_full"],
+)
+def test_splash_numerics_in_interpret_mode_equal_eager(kv_heads, length, count, diagonal):
+    q, k, v, grad = _inputs(4, kv_heads, length, count, 128)
+    _splash_against_sdpa(q, k, v, grad, diagonal, 1e-5)
+
+
+def test_splash_numerics_bfloat16():
+    """bfloat16 inputs (float32 accumulation inside the kernel, bfloat16 results)."""
+    q, k, v, grad = _inputs(2, 1, 128, 128, 128, torch.bfloat16)
+    _splash_against_sdpa(q, k, v, grad, 0, 1e-2)
+
+
+@pytest.mark.parametrize(
+    "shape, dtype, mask, diagonal, reason",
+    [
+        ((4, 2, 256, 256, 64), torch.float32, None, 0, "head dims 64/64 are not multiples of 128"),
+        ((4, 2, 200, 200, 128), torch.float32, None, 0, "lengths 200/200 are not multiples"),
+        ((4, 2, 1, 256, 128), torch.float32, None, 255, "lengths 1/256 are not multiples"),
+        ((4, 2, 128, 128, 128), torch.float16, None, 0, "dtype float16"),
+        ((4, 2, 128, 128, 128), torch.float32, "float", None, "a float32 mask tensor"),
+        ((4, 2, 128, 128, 128), torch.float32, "bool", None, "a bool mask tensor"),
+    ],
+    ids=[
+        "head_dim_64",
+        "length_200",
+        "decode_one_query",
+        "float16",
+        "padding_bias",
+        "bool_mask",
+    ],
+)
+def test_tpu_fallbacks_are_named(shape, dtype, mask, diagonal, reason):
+    heads, kv_heads, length, count, dim = shape
+    args = _inputs(heads, kv_heads, length, count, dim, dtype)
+    if mask == "float":
+        mask = torch.where(torch.rand(1, 1, length, count) < 0.9, 0.0, -torch.inf)
+    elif mask == "bool":
+        mask = torch.rand(length, count) < 0.9
+    text, choices = _lowered_choices("tpu", args, mask, diagonal)
+    assert "tpu_custom_call" not in text
+    ((key, n),) = choices.items()
+    assert n == 2 and key.startswith("tpu.xla: ") and reason in key, choices
+
+
+def test_cuda_lowering_names_why_cudnn_is_not_used():
+    """On this host (no cuDNN) the cuda lowering is the XLA form, saying why; float32 is
+    refused before cuDNN is asked."""
+    bf16 = _inputs(4, 2, 128, 128, 64, torch.bfloat16)
+    text, choices = _lowered_choices("cuda", bf16, diagonal=0)
+    assert "cudnn" not in text.lower()
+    ((key, n),) = choices.items()
+    assert n == 2 and key.startswith("cuda.xla: ") and "cuDNN" in key, choices
+    _, choices = _lowered_choices("cuda", _inputs(4, 2, 128, 128, 64), diagonal=0)
+    assert choices == {"cuda.xla: dtype float32 (cuDNN takes float16 and bfloat16)": 2}
+
+
+def _llama(hidden, heads, kv_heads, layers, positions, **config):
+    import transformers as tf
+
+    config = tf.LlamaConfig(
+        vocab_size=128,
+        hidden_size=hidden,
+        intermediate_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=positions,
+        attn_implementation="sdpa",
+        **config,
+    )
+    torch.manual_seed(0)
+    return tf.LlamaForCausalLM(config).eval()
+
+
+def test_llama_tpu_artifact_runs_splash_per_layer(tmp_path):
+    """A Llama (head dim 128, GQA 2/1) compiled for TPU with fusion on: every layer's
+    attention is the kernel (the lowering shares one kernel function between layers)."""
+    model = _llama(256, 2, 1, 2, 512, use_cache=False)
+    before = collections.Counter(attention_kernels.counters)
+    options = {"fusion": {"attention": True}, "cache": False}
+    inputs = [aot.parse_input("input_ids:int64[1,256]")]
+    aot.compile_model(model, inputs, tmp_path / "a", platform="tpu", options=options)
+    assert dict(attention_kernels.counters - before) == {"tpu.splash": 2}
+    assert "tpu_custom_call" in (tmp_path / "a/buckets/0/module.mlir").read_text()
+
+
+def test_gqa_folding_drops_a_decode_steps_temporaries_by_the_group_factor(monkeypatch):
+    """A Llama decode step (GQA 8/2) against a 2048-token KV cache: unfused, XLA builds the
+    repeated K/V (8 heads); fused, the op reads the 2 cached heads. Its temporaries (the
+    executable's memory analysis) drop by about the group factor, 4. (At prefill the scores,
+    sequence² per head, dominate the XLA form's temporaries and the fold does not show: README.)
+    """
+    temporaries = []
+    compile_stablehlo = runtime.compile_stablehlo
+
+    def recording(module, device):
+        executable = compile_stablehlo(module, device)
+        temporaries.append(executable.get_compiled_memory_stats().temp_size_in_bytes)
+        return executable
+
+    monkeypatch.setattr(runtime, "compile_stablehlo", recording)
+    model = _llama(256, 8, 2, 1, 4096)
+    with torch.no_grad():
+        past = model(input_ids=torch.randint(0, 128, (1, 2048)), use_cache=True).cache
+        token = torch.randint(0, 128, (1, 1))
+        step = lambda m: m(input_ids=token, cache=copy.deepcopy(past)).logits  # noqa: E731
+        expected, measured = step(model), {}
+        for fuse in (False, True):
+            temporaries.clear()
+            cache.memory_cache.clear()
+            runtime.forget_executables()
+            torch._dynamo.reset()
+            options = {"cache": False, "fallback": "error", "fusion": {"attention": fuse}}
+            assert_same(
+                step(torch.compile(model, backend="tpu_inductor", options=options)), expected
+            )
+            measured[fuse] = sum(temporaries)
+    assert measured[False] > 3 * measured[True], measured
