@@ -93,6 +93,34 @@ def test_the_joint_plan_is_chosen_saved_and_used_by_a_new_process(tmp_path):
     assert second["padded_share"] < first["padded_share"]
 
 
+def test_precompile_takes_the_joint_plans_bucket_pairs(tmp_path):
+    """Batch and length precompiled from a saved joint plan: every pair of its boundaries,
+    then a new run of the same sizes compiles nothing."""
+    from tpu_inductor.config import Options
+
+    shapes = {"policy": "auto", "plan": str(tmp_path / "plan.json"), **NAN_PADDING}
+    _run(shapes, PAIRS)
+    tpu_inductor.save_plans()
+    (joint,) = json.loads((tmp_path / "plan.json").read_text())["joint"]
+    _new_process()
+    options = {"shapes": shapes, "fallback": "error", "cache": False}
+    compiled = torch.compile(make_model(), backend="tpu_inductor", options=options)
+    record = Options.from_user(options).shapes
+    batch, length = joint["boundaries"]
+    tops = {"B": batch[-1], "S": length[-1]}
+    before = tpu_inductor.compiles()
+    buckets = tpu_inductor.precompile(
+        compiled, (torch.randn(2, 5),), {"B": {0: 0}, "S": {0: 1}}, tops, record
+    )
+    assert buckets == [{"B": b, "S": n} for b in batch for n in length]
+    assert tpu_inductor.compiles() - before == len(buckets)
+    with tpu_inductor.no_compiles():
+        for b, n in PAIRS:
+            x = torch.randn(b, n)
+            torch._dynamo.maybe_mark_dynamic(x, 0), torch._dynamo.maybe_mark_dynamic(x, 1)
+            assert_same(compiled(x), _two_dims(x), atol=1e-6, rtol=1e-5)
+
+
 class _ThreeDims(torch.nn.Module):
     def forward(self, x):
         return x.softmax(2).sum(1)  # reads across the padded dims 1 and 2

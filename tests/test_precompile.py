@@ -11,7 +11,7 @@ import torch
 
 import tpu_inductor
 from tpu_inductor import bucketing, cache, debug, runtime
-from tpu_inductor.exc import UnexpectedCompileError
+from tpu_inductor.exc import OptionError, UnexpectedCompileError
 
 from .helpers import assert_same
 
@@ -113,3 +113,31 @@ def test_background_precompile_serves_at_once_and_a_second_call_waits_for_all():
     with tpu_inductor.no_compiles():
         _serve(compiled, model)
     assert bucketing.report()[-1]["buckets"].keys() == {"(8,)", "(16,)", "(32,)", "(64,)"}
+
+
+def _masked(ids, mask):
+    return (ids.float().tanh() * mask).softmax(1).sum(0)
+
+
+def test_batch_and_length_are_precompiled_together_and_serve_every_pair():
+    """Named groups of dims: the batch of both inputs, their length; every pair of buckets."""
+    shapes = {"policy": "pow2", "min_bucket": 4, "pad_with": "nan"}
+    options = {"shapes": shapes, "fallback": "error", "cache": False}
+    compiled = torch.compile(_masked, backend="tpu_inductor", options=options)
+    from tpu_inductor.config import Options
+
+    record = Options.from_user({"shapes": shapes}).shapes
+    example = (torch.randint(0, 9, (2, 5)), torch.ones(2, 5))
+    groups = {"B": {0: 0, 1: 0}, "S": {0: 1, 1: 1}}
+    before = tpu_inductor.compiles()
+    buckets = tpu_inductor.precompile(compiled, example, groups, {"B": 8, "S": 32}, record)
+    assert buckets == [{"B": b, "S": s} for b in (4, 8) for s in (4, 8, 16, 32)]
+    assert tpu_inductor.compiles() - before == len(buckets)
+    with tpu_inductor.no_compiles():
+        for b, n in ((3, 5), (8, 32), (5, 17), (2, 3)):
+            ids, mask = torch.randint(0, 9, (b, n)), (torch.rand(b, n) > 0.3).float()
+            for t in (ids, mask):
+                torch._dynamo.maybe_mark_dynamic(t, 0), torch._dynamo.maybe_mark_dynamic(t, 1)
+            assert_same(compiled(ids, mask), _masked(ids, mask), atol=1e-6, rtol=1e-5)
+    with pytest.raises(OptionError, match="names"):
+        tpu_inductor.precompile(compiled, example, groups, {"B": 8}, record)

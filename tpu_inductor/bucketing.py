@@ -19,6 +19,7 @@ import itertools
 import logging
 import math
 import os
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -26,6 +27,7 @@ import sympy
 import torch
 
 from . import dispatch
+from .exc import OptionError
 from .passes import bucket_policy
 from .passes.bucket_shapes import BucketLayout
 from .residency import DeviceTensor
@@ -268,7 +270,7 @@ def precompile(
     compiled_fn,
     example_inputs,
     dims,
-    largest: int,
+    largest,
     shapes=None,
     progress=None,
     *,
@@ -276,35 +278,40 @@ def precompile(
     background: bool = False,
 ):
     """Compile every bucket of `compiled_fn` up front, for sizes 2..`largest` of the dims
-    `dims` ({input position: dim}) of `example_inputs`; returns the buckets called.
+    `dims` ({input position: dim}, one size) of `example_inputs`; returns the buckets called.
+    Sizes that vary together: `dims` names each ({"B": {0: 0, 1: 0}, "S": {0: 1, 1: 1}}: the
+    batch and the length of inputs 0 and 1), `largest` too ({"B": 8, "S": 512}); every
+    combination of their buckets is called, and returned as {name: bucket}.
 
     Each bucket is one call at the bucket's size, the inputs cut or repeated along `dims` (under
     torch.no_grad: forward graphs). `shapes`: the options' `shapes` record (the policy's
-    buckets; under "auto" with a plan, the boundaries it has for the dims, as a new process
-    serving from the plan will use them); `progress(label)`, if given, is told each bucket as
-    it starts. The buckets compile in `workers` threads (default: one per bucket, at most the
-    CPUs and 8; 1: one after another on this thread): their lowerings one at a time (Python),
-    their PJRT compiles overlapping (they release the GIL). `background`: return once each
-    bucket's first graph is handed to the threads; a call that needs a bucket still compiling
-    waits for it, and precompile called again without `background` waits for all and checks
-    them (graphs after a graph break are compiled then)."""
+    buckets; under "auto" with a plan, the boundaries it has for the dims, jointly where it has
+    them, as a new process serving from the plan will use them); `progress(label)`, if given,
+    is told each bucket as it starts. The buckets compile in `workers` threads (default: one
+    per bucket, at most the CPUs and 8; 1: one after another on this thread): their lowerings
+    one at a time (Python), their PJRT compiles overlapping (they release the GIL).
+    `background`: return once each bucket's first graph is handed to the threads; a call that
+    needs a bucket still compiling waits for it, and precompile called again without
+    `background` waits for all and checks them (graphs after a graph break compile then)."""
     from .config import Options
 
-    shapes = shapes or Options.from_user().shapes
-    policy = policy_of(shapes)
-    if shapes.policy == "auto":
-        plan = _plan(shapes)
-        keys = [k for k in _keys(compiled_fn, dims) if plan.boundaries.get(k)]
-        policy = plan.policy_for(keys[0], policy) if keys else policy
-    buckets = policy.buckets_up_to(largest)
+    named = isinstance(largest, Mapping)
+    groups = dims if named else {None: dims}
+    tops = largest if named else {None: largest}
+    if set(groups) != set(tops):
+        raise OptionError(f"precompile: `dims` names {sorted(groups)}, `largest` {sorted(tops)}")
+    policies = _group_policies(compiled_fn, groups, shapes or Options.from_user().shapes)
+    per_group = [policies[g].buckets_up_to(tops[g]) for g in groups]
     calls = []
-    for bucket in buckets:
+    for sizes in itertools.product(*per_group):
         inputs = list(example_inputs)
-        for position, dim in dims.items():
-            inputs[position] = _resized(inputs[position], dim, bucket)
+        resized = [(p, d, size) for g, size in zip(groups, sizes) for p, d in groups[g].items()]
+        for position, dim, size in resized:
+            inputs[position] = _resized(inputs[position], dim, size)
+        for position, dim, _ in resized:  # marks on the final tensors (resizing makes new ones)
             torch._dynamo.maybe_mark_dynamic(inputs[position], dim)
-        calls.append((bucket, inputs))
-    workers = workers or min(len(buckets), os.cpu_count() or 1, 8)
+        calls.append((dict(zip(groups, sizes)) if named else sizes[0], inputs))
+    workers = workers or min(len(calls), os.cpu_count() or 1, 8)
     pool = ThreadPoolExecutor(workers, "tpu_inductor-precompile") if workers > 1 else None
     # A round calls every bucket; a call stops at the first graph it hands to the pool (the
     # graphs after a graph break are handed over in a later round, once their inputs exist).
@@ -316,7 +323,28 @@ def precompile(
             break
     if pool is not None:
         pool.shutdown(wait=False)  # its compiles go on; the calls that need them wait
-    return buckets
+    return [bucket for bucket, _ in calls]
+
+
+def _group_policies(compiled_fn, groups: dict, shapes) -> dict:
+    """Each group of dims' policy: the options' policy, or under "auto" the plan's boundaries
+    for the group's keys (a joint entry whose keys fall one in each group wins)."""
+    policy = policy_of(shapes)
+    if shapes.policy != "auto":
+        return dict.fromkeys(groups, policy)
+    plan = _plan(shapes)
+    group_of = {k: g for g, members in groups.items() for k in _keys(compiled_fn, members)}
+    for keys, chosen in plan.joint.items():
+        if len({group_of.get(k) for k in keys} - {None}) == len(keys) == len(groups):
+            return {
+                group_of[k]: dataclasses.replace(policy, kind="auto", sizes=b)
+                for k, b in zip(keys, chosen)
+            }
+    out = {}
+    for group, members in groups.items():
+        keys = [k for k in _keys(compiled_fn, members) if plan.boundaries.get(k)]
+        out[group] = plan.policy_for(keys[0], policy) if keys else policy
+    return out
 
 
 _AHEAD_ROUNDS = 8  # graph breaks deeper than this compile the rest one after another
