@@ -16,6 +16,7 @@ disabled pass, leaves torch.manual_seed's streams as they were.
 
 from __future__ import annotations
 
+import collections
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,10 +44,23 @@ def source_line(node: torch.fx.Node) -> str:
 class LoweringContext:
     """What a rule registered with `needs_ctx=True` may ask about the node it lowers."""
 
-    def __init__(self, node: torch.fx.Node, x64: str, rng: Callable[[int], Any] | None):
+    def __init__(
+        self,
+        node: torch.fx.Node,
+        x64: str,
+        rng: Callable[[int], Any] | None,
+        choices: collections.Counter | None = None,
+    ):
         self.node = node
         self.x64 = x64
         self._rng = rng
+        self._choices = choices
+
+    def chose(self, what: str) -> None:
+        """Count a choice the rule made (a kernel, or a fallback and why): the lowered module's
+        `kernel_choices`."""
+        if self._choices is not None:
+            self._choices[what] += 1
 
     @property
     def out(self):
@@ -157,8 +171,10 @@ class GraphRunner:
         self.uses_rng = any(
             (rule := _rule_of(n, platform)) is not None and rule.uses_rng for n in gm.graph.nodes
         )
-        # Filled by run(): input index → value to write back into that input.
+        # Filled by run(): input index → value to write back into that input; the rules'
+        # choices (LoweringContext.chose).
         self.mutations: dict[int, Any] = {}
+        self.choices: collections.Counter = collections.Counter()
 
     def run(
         self,
@@ -171,6 +187,7 @@ class GraphRunner:
         env: dict[torch.fx.Node, Any] = {}
         placeholder_index = {node: i for i, node in enumerate(self.placeholders)}
         self.mutations = {}
+        self.choices.clear()
         for node, value in zip(self.placeholders, inputs):
             env[node] = value
         load = lambda arg: torch.fx.node.map_arg(arg, env.__getitem__)  # noqa: E731
@@ -217,7 +234,8 @@ class GraphRunner:
         try:
             with jax.named_scope(node.name):
                 if rule.needs_ctx:
-                    result = rule.fn(LoweringContext(node, self.x64, rng), *args, **kwargs)
+                    ctx = LoweringContext(node, self.x64, rng, self.choices)
+                    result = rule.fn(ctx, *args, **kwargs)
                 else:
                     result = rule.fn(*args, **kwargs)
         except (LoweringError, UnsupportedOpError):

@@ -97,6 +97,8 @@ class LoweredModule:
     x64: str  # the 64-bit policy it was lowered under
     text_with_locations: str = ""  # `text` with MLIR source locations (for dumps); "" if unknown
     shardings: Shardings | None = None  # None: one device
+    # the rules' choices, counted: "tpu.splash", "tpu.xla: <why>" (lowering/ops/attention_kernels)
+    kernel_choices: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def module_input_dtypes(self) -> tuple[torch.dtype, ...]:
@@ -227,6 +229,7 @@ def lower(
         x64=x64,
         text_with_locations=module.operation.get_asm(enable_debug_info=True),
         shardings=shardings,
+        kernel_choices=dict(runner.choices),
     )
 
 

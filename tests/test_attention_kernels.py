@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import json
 
 import jax.numpy as jnp
 import numpy as np
@@ -45,13 +46,14 @@ def _inputs(heads, kv_heads, length, count, dim, dtype=torch.float32):
 
 def _lowered_choices(platform, args, mask=None, diagonal=None):
     """(the StableHLO text of the op's forward and backward lowered for `platform`, the
-    choices counted meanwhile)."""
+    choices its rules made), the choices also counted process-wide."""
     fn = _forward_and_backward(mask, diagonal)
     masks = () if mask is None else (mask,)
     gm = make_fx(fn, tracing_mode="fake")(*args, *masks)
     before = collections.Counter(attention_kernels.counters)
-    text = lower(gm, [*args, *masks], platform=platform).text
-    return text, dict(attention_kernels.counters - before)
+    lowered = lower(gm, [*args, *masks], platform=platform)
+    assert dict(attention_kernels.counters - before) == lowered.kernel_choices
+    return lowered.text, lowered.kernel_choices
 
 
 @pytest.mark.parametrize(
@@ -186,14 +188,15 @@ def _llama(hidden, heads, kv_heads, layers, positions, **config):
 
 def test_llama_tpu_artifact_runs_splash_per_layer(tmp_path):
     """A Llama (head dim 128, GQA 2/1) compiled for TPU with fusion on: every layer's
-    attention is the kernel (the lowering shares one kernel function between layers)."""
+    attention is the kernel, as its compile record says (the StableHLO shares one kernel
+    function between the layers, so counting custom calls in it would undercount)."""
     model = _llama(256, 2, 1, 2, 512, use_cache=False)
-    before = collections.Counter(attention_kernels.counters)
-    options = {"fusion": {"attention": True}, "cache": False}
+    options = {"fusion": {"attention": True}, "cache": False, "dump_dir": str(tmp_path / "d")}
     inputs = [aot.parse_input("input_ids:int64[1,256]")]
     aot.compile_model(model, inputs, tmp_path / "a", platform="tpu", options=options)
-    assert dict(attention_kernels.counters - before) == {"tpu.splash": 2}
     assert "tpu_custom_call" in (tmp_path / "a/buckets/0/module.mlir").read_text()
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "d").rglob("compile.json")]
+    assert record["kernel_choices"] == {"tpu.splash": 2}
 
 
 def test_gqa_folding_drops_a_decode_steps_temporaries_by_the_group_factor(monkeypatch):

@@ -97,6 +97,8 @@ class CompileRecord:
     # Over a device mesh: the collectives and per-device memory of the executable
     # (collectives.report).
     communication: dict[str, Any] | None = None
+    # The lowering rules' choices: attention kernels chosen, XLA fallbacks and why.
+    kernels: dict[str, int] = dataclasses.field(default_factory=dict)
     error: str | None = None  # the last failure inside a stage (a recovered cache fault too)
     status: str = "compiling"  # then "ok" or "failed"
     dump_path: Path | None = None  # this record's dump folder, when dumping
@@ -149,6 +151,7 @@ class CompileRecord:
             )
         elif hasattr(value, "text") and hasattr(value, "bytecode"):
             self._module_text, self._platform = value.text, value.platform
+            self.kernels = dict(getattr(value, "kernel_choices", {}))
             dump_stage(self, "stablehlo", value.text, ".mlir")
             if getattr(value, "text_with_locations", ""):
                 dump_stage(self, "stablehlo_locations", value.text_with_locations, ".mlir")
@@ -431,6 +434,7 @@ def compile_summary(record: CompileRecord) -> dict[str, Any]:
         "bucketing": record.bucketing,
         "transfers": record.transfers,
         "communication": record.communication,
+        "kernel_choices": record.kernels,
         "fingerprint": record.fingerprint,
         "files": record.files,
     }

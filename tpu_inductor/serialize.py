@@ -72,6 +72,7 @@ def lowered_to_json(lowered: LoweredModule) -> dict[str, Any]:
         "mutations": [list(m) for m in lowered.mutations],
         "uses_rng": lowered.uses_rng,
         "x64": lowered.x64,
+        "kernel_choices": dict(lowered.kernel_choices),
         "shardings": _shardings_to_json(lowered.shardings),
     }
 
@@ -128,6 +129,7 @@ def lowered_from_json(data: dict[str, Any], bytecode: bytes, text: str) -> Lower
         uses_rng=data["uses_rng"],
         x64=data["x64"],
         shardings=_shardings_from_json(data.get("shardings")),
+        kernel_choices={str(k): _int(n) for k, n in data.get("kernel_choices", {}).items()},
     )
 
 

@@ -24,9 +24,10 @@ XLA form elsewhere, naming why:
   is widened; the backward again differentiates the kernel (cuDNN's backward).
 - `cpu` and anything else: the portable rules, unchanged.
 
-Every choice is counted in `counters` (process-wide, like `passes.pipeline.counters`): keys
-`"<platform>.<kernel>"` for a kernel chosen and `"<platform>.xla: <reason>"` for a fallback,
-and logged at INFO: how many attentions a lowering runs as kernels (StableHLO undercounts
+Every choice is counted, per lowering in `LoweredModule.kernel_choices` (through
+`LoweringContext.chose`; the compile record's `kernel_choices` in compile.json) and
+process-wide in `counters` (like `passes.pipeline.counters`): keys `"<platform>.<kernel>"` for a
+kernel chosen and `"<platform>.xla: <reason>"` for a fallback, and logged at INFO: how many attentions a lowering runs as kernels (StableHLO undercounts
 them: jax emits one function per distinct kernel, called once per layer). `splash_attention(..., interpret=True)` is the same kernel in Pallas
 interpret mode, which runs on any host (the tests check its numerics against eager torch).
 """
@@ -58,10 +59,11 @@ _SPLASH_DTYPES = (jnp.float32, jnp.bfloat16)
 _CUDNN_DTYPES = (jnp.float16, jnp.bfloat16)
 
 
-def _count(platform: str, kernel: str, reason: str | None) -> bool:
+def _count(ctx, platform: str, kernel: str, reason: str | None) -> bool:
     """Record one choice; True when the kernel was chosen (reason None)."""
     key = f"{platform}.{kernel}" if reason is None else f"{platform}.xla: {reason}"
     counters[key] += 1
+    ctx.chose(key)
     log.info("attention on %s: %s", platform, kernel if reason is None else f"XLA ({reason})")
     return reason is None
 
@@ -152,14 +154,14 @@ def splash_attention_grads(grad, q, k, v, scale, causal_diagonal, *, interpret=F
 
 @register_lowering(ours.attention.default, platform="tpu", needs_ctx=True)
 def attention_tpu(ctx, q, k, v, mask, scale, causal_diagonal=None, empty_rows_nan=False):
-    if not _count("tpu", "splash", splash_refusal(q, k, v, mask, causal_diagonal)):
+    if not _count(ctx, "tpu", "splash", splash_refusal(q, k, v, mask, causal_diagonal)):
         return xla_form.attention(ctx, q, k, v, mask, scale, causal_diagonal, empty_rows_nan)
     return _results(ctx, splash_attention(q, k, v, scale, causal_diagonal))
 
 
 @register_lowering(ours.attention_backward.default, platform="tpu", needs_ctx=True)
 def attention_backward_tpu(ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal=None):
-    if not _count("tpu", "splash", splash_refusal(q, k, v, mask, causal_diagonal)):
+    if not _count(ctx, "tpu", "splash", splash_refusal(q, k, v, mask, causal_diagonal)):
         return xla_form.attention_backward(
             ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal
         )
@@ -215,7 +217,7 @@ def attention_cuda(ctx, q, k, v, mask, scale, causal_diagonal=None, empty_rows_n
     result, refusal = None, cudnn_refusal(q, k, v, mask, causal_diagonal)
     if refusal is None:
         result, refusal = _cudnn(_cudnn_forward, q, k, v, mask, scale, causal_diagonal)
-    if not _count("cuda", "cudnn", refusal):
+    if not _count(ctx, "cuda", "cudnn", refusal):
         return xla_form.attention(ctx, q, k, v, mask, scale, causal_diagonal, empty_rows_nan)
     return _results(ctx, result)
 
@@ -225,7 +227,7 @@ def attention_backward_cuda(ctx, grad, q, k, v, out, lse, mask, scale, causal_di
     result, refusal = None, cudnn_refusal(q, k, v, mask, causal_diagonal)
     if refusal is None:
         result, refusal = _cudnn(_cudnn_grads, grad, q, k, v, mask, scale, causal_diagonal)
-    if not _count("cuda", "cudnn", refusal):
+    if not _count(ctx, "cuda", "cudnn", refusal):
         return xla_form.attention_backward(
             ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal
         )
