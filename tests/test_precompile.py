@@ -103,7 +103,9 @@ def test_background_precompile_serves_at_once_and_a_second_call_waits_for_all():
     compiled = _compiled(model)
     before = tpu_inductor.compiles()
     example = (torch.randn(2, 5),)
-    tpu_inductor.precompile(compiled, example, {0: 1}, 64, _shapes(), background=True)
+    tpu_inductor.precompile(
+        compiled, example, {0: 1}, 64, _shapes(), background=True, workers=1
+    )  # one thread, beside this one
     with torch.no_grad():
         x = torch.randn(2, 30)
         torch._dynamo.maybe_mark_dynamic(x, 1)

@@ -288,9 +288,9 @@ def precompile(
     buckets; under "auto" with a plan, the boundaries it has for the dims, jointly where it has
     them, as a new process serving from the plan will use them); `progress(label)`, if given,
     is told each bucket as it starts. The buckets compile in `workers` threads (default: one
-    per bucket, at most the CPUs and 8; 1: one after another on this thread): their lowerings
-    one at a time (Python), their PJRT compiles overlapping (they release the GIL).
-    `background`: return once each bucket's first graph is handed to the threads; a call that
+    per bucket, at most the CPUs and 8; 1: one after another, on this thread unless in the
+    background): their lowerings one at a time (Python), their PJRT compiles overlapping (they
+    release the GIL). `background`: return once each bucket's first graph is handed to the threads; a call that
     needs a bucket still compiling waits for it, and precompile called again without
     `background` waits for all and checks them (graphs after a graph break compile then)."""
     from .config import Options
@@ -312,7 +312,8 @@ def precompile(
             torch._dynamo.maybe_mark_dynamic(inputs[position], dim)
         calls.append((dict(zip(groups, sizes)) if named else sizes[0], inputs))
     workers = workers or min(len(calls), os.cpu_count() or 1, 8)
-    pool = ThreadPoolExecutor(workers, "tpu_inductor-precompile") if workers > 1 else None
+    threads = workers > 1 or background  # in the background: one thread at least
+    pool = ThreadPoolExecutor(workers, "tpu_inductor-precompile") if threads else None
     # A round calls every bucket; a call stops at the first graph it hands to the pool (the
     # graphs after a graph break are handed over in a later round, once their inputs exist).
     # The last round hands nothing over: every bucket ran, compiled.
