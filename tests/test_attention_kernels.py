@@ -167,6 +167,10 @@ def test_cuda_lowering_names_why_cudnn_is_not_used():
     assert n == 2 and key.startswith("cuda.xla: ") and "cuDNN" in key, choices
     _, choices = _lowered_choices("cuda", _inputs(4, 2, 128, 128, 64), diagonal=0)
     assert choices == {"cuda.xla: dtype float32 (cuDNN takes float16 and bfloat16)": 2}
+    _, choices = _lowered_choices("cuda", bf16, torch.zeros(128, 128, dtype=torch.bfloat16))
+    assert list(choices) == [
+        "cuda.xla: a bfloat16 mask tensor (kept to the XLA form: its empty rows are exact)"
+    ]
 
 
 def test_llama_tpu_artifact_runs_splash_per_layer(tmp_path):

@@ -17,10 +17,11 @@ XLA form elsewhere, naming why:
   VJP (its dq and dkv kernels) taken through a recomputed forward: the kernel's backward that
   takes saved residuals is private to jax.
 - `cuda`: cuDNN's fused attention through `jax.nn.dot_product_attention(implementation=
-  "cudnn")` (its BTNH layout, so q/k/v are transposed in and out) for float16/bfloat16, no
-  decode diagonal, and a float mask or none (cuDNN takes it as a bias). jax raises for shapes
-  cuDNN does not take (and when no cuDNN is present, as on a lowering-only host); that
-  exception is the reason of the fallback. Its logsumexp comes back in the output's dtype and
+  "cudnn")` (its BTNH layout, so q/k/v are transposed in and out) for float16/bfloat16,
+  [B, H, L, D] attention, full or causal (no decode diagonal, no mask tensor: cuDNN would take
+  one as a bias, and what it makes of a row the mask empties is not checked here). jax raises
+  for shapes cuDNN does not take (and when no cuDNN is present, as on a lowering-only host);
+  that exception is the reason of the fallback. Its logsumexp comes back in the output's dtype and
   is widened; the backward again differentiates the kernel (cuDNN's backward).
 - `cpu` and anything else: the portable rules, unchanged.
 
@@ -176,18 +177,16 @@ def cudnn_refusal(q, k, v, mask, causal_diagonal) -> str | None:
         return f"dtype {q.dtype} (cuDNN takes float16 and bfloat16)"
     if causal_diagonal not in (None, 0):
         return f"causal diagonal {causal_diagonal} (cuDNN's causal mask is the main diagonal)"
-    if mask is not None and mask.dtype == jnp.bool_:
-        return "a bool mask tensor (given to cuDNN as a bias it would be a float mask)"
+    if mask is not None:  # cuDNN would take it as a bias; a row it empties is unchecked there
+        return f"a {mask.dtype} mask tensor (kept to the XLA form: its empty rows are exact)"
     return None
 
 
-def _cudnn_forward(q, k, v, mask, scale, causal_diagonal):
+def _cudnn_forward(q, k, v, scale, causal_diagonal):
     """(out, logsumexp) by cuDNN; q/k/v [B, H, L, D] in, BTNH inside."""
     btnh = [jnp.swapaxes(t, 1, 2) for t in (q, k, v)]
-    bias = None if mask is None else jnp.broadcast_to(mask, (*q.shape[:-1], k.shape[-2]))
     out, lse = jax.nn.dot_product_attention(
         *btnh,
-        bias=None if bias is None else bias.astype(q.dtype),
         scale=scale,
         is_causal=causal_diagonal == 0,
         implementation="cudnn",
@@ -196,9 +195,9 @@ def _cudnn_forward(q, k, v, mask, scale, causal_diagonal):
     return jnp.swapaxes(out, 1, 2), jnp.swapaxes(lse, 1, 2).astype(jnp.float32)  # from BTN
 
 
-def _cudnn_grads(grad, q, k, v, mask, scale, causal_diagonal):
+def _cudnn_grads(grad, q, k, v, scale, causal_diagonal):
     """(dq, dk, dv) by cuDNN's backward kernel, the VJP of its forward."""
-    fwd = lambda *qkv: _cudnn_forward(*qkv, mask, scale, causal_diagonal)[0]  # noqa: E731
+    fwd = lambda *qkv: _cudnn_forward(*qkv, scale, causal_diagonal)[0]  # noqa: E731
     _, vjp = jax.vjp(fwd, q, k, v)
     return vjp(grad.astype(q.dtype))
 
@@ -207,7 +206,8 @@ def _cudnn(platform_rule, *args):
     """(the cuDNN rule's values, None), or (None, why jax refused: it raises for a shape or
     dtype cuDNN lacks, and where no cuDNN is present, as on a lowering-only host)."""
     try:
-        return platform_rule(*args), None
+        with x64_scope("narrow"):  # as for Splash: jax's kernel code assumes 32-bit defaults
+            return platform_rule(*args), None
     except (RuntimeError, NotImplementedError, ValueError) as e:  # jax's words for "not here"
         return None, f"{type(e).__name__}: {e}"
 
@@ -216,7 +216,7 @@ def _cudnn(platform_rule, *args):
 def attention_cuda(ctx, q, k, v, mask, scale, causal_diagonal=None, empty_rows_nan=False):
     result, refusal = None, cudnn_refusal(q, k, v, mask, causal_diagonal)
     if refusal is None:
-        result, refusal = _cudnn(_cudnn_forward, q, k, v, mask, scale, causal_diagonal)
+        result, refusal = _cudnn(_cudnn_forward, q, k, v, scale, causal_diagonal)
     if not _count(ctx, "cuda", "cudnn", refusal):
         return xla_form.attention(ctx, q, k, v, mask, scale, causal_diagonal, empty_rows_nan)
     return _results(ctx, result)
@@ -226,7 +226,7 @@ def attention_cuda(ctx, q, k, v, mask, scale, causal_diagonal=None, empty_rows_n
 def attention_backward_cuda(ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal=None):
     result, refusal = None, cudnn_refusal(q, k, v, mask, causal_diagonal)
     if refusal is None:
-        result, refusal = _cudnn(_cudnn_grads, grad, q, k, v, mask, scale, causal_diagonal)
+        result, refusal = _cudnn(_cudnn_grads, grad, q, k, v, scale, causal_diagonal)
     if not _count(ctx, "cuda", "cudnn", refusal):
         return xla_form.attention_backward(
             ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal
