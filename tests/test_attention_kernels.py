@@ -38,11 +38,11 @@ def _forward_and_backward(mask, diagonal):
     return fn
 
 
-def _inputs(heads, kv_heads, length, count, dim, dtype=torch.float32):
+def _inputs(heads, kv_heads, length, count, dim, dtype=torch.float32, batch=1):
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(1, heads, length, dim, generator=g).to(dtype)
-    k, v = (torch.randn(1, kv_heads, count, dim, generator=g).to(dtype) for _ in range(2))
-    return q, k, v, torch.randn(1, heads, length, dim, generator=g).to(dtype)
+    q = torch.randn(batch, heads, length, dim, generator=g).to(dtype)
+    k, v = (torch.randn(batch, kv_heads, count, dim, generator=g).to(dtype) for _ in range(2))
+    return q, k, v, torch.randn(batch, heads, length, dim, generator=g).to(dtype)
 
 
 def _lowered_choices(platform, args, mask=None, diagonal=None):
@@ -110,12 +110,12 @@ def _torch(a):
 
 
 @pytest.mark.parametrize(
-    "kv_heads, length, count, diagonal",
-    [(2, 256, 256, 0), (1, 128, 256, 128), (2, 128, 256, None)],
-    ids=["gqa_causal", "mqa_decode_diagonal", "gqa_full"],
+    "kv_heads, length, count, diagonal, batch",
+    [(2, 256, 256, 0, 1), (1, 128, 256, 128, 1), (2, 128, 256, None, 2)],
+    ids=["gqa_causal", "mqa_decode_diagonal", "gqa_full_batch_2"],
 )
-def test_splash_numerics_in_interpret_mode_equal_eager(kv_heads, length, count, diagonal):
-    q, k, v, grad = _inputs(4, kv_heads, length, count, 128)
+def test_splash_numerics_in_interpret_mode_equal_eager(kv_heads, length, count, diagonal, batch):
+    q, k, v, grad = _inputs(4, kv_heads, length, count, 128, batch=batch)
     _splash_against_sdpa(q, k, v, grad, diagonal, 1e-5)
 
 
