@@ -143,3 +143,10 @@ def test_batch_and_length_are_precompiled_together_and_serve_every_pair():
             assert_same(compiled(ids, mask), _masked(ids, mask), atol=1e-6, rtol=1e-5)
     with pytest.raises(OptionError, match="names"):
         tpu_inductor.precompile(compiled, example, groups, {"B": 8}, record)
+
+
+def test_bench_shapes_names_a_bad_workload(capsys):
+    from tpu_inductor import cli
+
+    assert cli.main(["bench-shapes", "--workloads", "precompile,serve"]) == 2
+    assert "['serve']: not of ('generate', 'train', 'precompile')" in capsys.readouterr().err

@@ -5,6 +5,9 @@ Two workloads on a small GPT-2 built from a config (random weights, seeded):
 - generate: `generate()` with the dynamic KV cache, four prompts x `--new-tokens` new tokens;
   the tokens must equal eager's.
 - train: a training run of `--steps` steps at random lengths in 1..`--max-length` (batch 2).
+- precompile: `tpu_inductor.precompile` of every pow2 bucket 16..`--max-length` of a larger
+  GPT-2 (4 layers, 128 wide; inference), with 1 and with `--workers` compile threads: the
+  warm-up's seconds (Dynamo's trace included) and compiles.
 
 Each runs under tpu_inductor's policies `exact`, `pow2` and `auto` (its plan saved by an
 earlier, unmeasured run of the same workload, then read as a new process would) and Inductor,
@@ -26,17 +29,20 @@ import torch
 
 from . import bucketing, cache, runtime
 from .bench import CpuLoad, write_outputs
+from .bucketing import precompile
+from .exc import OptionError
 
 POLICIES = ("exact", "pow2", "auto")
+WORKLOADS = ("generate", "train", "precompile")
 
 
-def _gpt2(max_length: int):
+def _gpt2(max_length: int, layers: int = 2, width: int = 64):
     import transformers
 
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=64,
+        n_layer=layers,
+        n_embd=width,
         n_head=4,
         vocab_size=256,
         n_positions=max(2 * max_length, 128),
@@ -105,13 +111,41 @@ def _train(mode, plan, lengths):
     return time.perf_counter() - start, _counted(mode) - before, None
 
 
+def _precompile(workers: int, largest: int) -> dict:
+    """Every pow2 bucket 16..largest of a GPT-2 (4 x 128) precompiled in `workers` threads."""
+    from .config import Options
+
+    _fresh()
+    shapes = {"policy": "pow2", "min_bucket": 16}
+    model = _gpt2(largest, layers=4, width=128).eval()
+    compiled = torch.compile(model, **_compiler("pow2", None))
+    record = Options.from_user({"shapes": shapes}).shapes
+    ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(0))
+    start, before = time.perf_counter(), _counted("pow2")
+    buckets = precompile(compiled, (ids,), {0: 1}, largest, record, workers=workers)
+    seconds = time.perf_counter() - start
+    return {
+        "workers": workers,
+        "buckets": buckets,
+        "seconds": round(seconds, 2),
+        "compiles": _counted("pow2") - before,
+    }
+
+
 def _padded_share() -> float | None:
     stats = bucketing.report()
     return max((s["padded_share"] for s in stats), default=None)
 
 
-def run(steps: int, max_length: int, new_tokens: int, modes=(*POLICIES, "inductor")) -> dict:
-    """Both workloads under every mode; returns the report."""
+def run(
+    steps: int,
+    max_length: int,
+    new_tokens: int,
+    modes=(*POLICIES, "inductor"),
+    workloads=WORKLOADS,
+    workers: int = 4,
+) -> dict:
+    """The `workloads` (generate and train under every mode; precompile); the report."""
     rng = random.Random(0)
     lengths = [rng.randint(1, max_length) for _ in range(steps)]
     prompt_lengths = (5, 9, 13, 20)
@@ -135,6 +169,8 @@ def run(steps: int, max_length: int, new_tokens: int, modes=(*POLICIES, "inducto
             ("generate", lambda m, p: _generate(m, p, prompts, new_tokens, expected)),
             ("train", lambda m, p: _train(m, p, lengths)),
         ):
+            if workload not in workloads:
+                continue
             plan = str(Path(folder) / f"{workload}.plan.json")
             for mode in modes:
                 if mode == "auto":  # an earlier run saw the sizes and saved its plan
@@ -152,23 +188,30 @@ def run(steps: int, max_length: int, new_tokens: int, modes=(*POLICIES, "inducto
                         "padded_share": None if mode in ("exact", "inductor") else _padded_share(),
                     }
                 )
+        if "precompile" in workloads:  # one after another, then in threads, twice
+            report["precompile"] = [_precompile(w, max_length) for w in (1, workers) * 2]
     report["machine_load"] = load.result
     return report
 
 
 def markdown(report: dict) -> str:
-    rows = [
+    """The report's tables (each workload run; the precompile runs) and the machine's load."""
+    runs = [
         "| workload | mode | compiles | seconds | padded share | same tokens |",
         "|---|---|---|---|---|---|",
     ]
     for r in report["runs"]:
         share = "" if r["padded_share"] is None else f"{100 * r['padded_share']:.1f}%"
         same = "" if r["same_tokens"] is None else str(r["same_tokens"])
-        rows.append(
+        runs.append(
             f"| {r['workload']} | {r['mode']} | {r['compiles']} | {r['seconds']} "
             f"| {share} | {same} |"
         )
-    return "\n".join(rows) + f"\n\nmachine load: {report['machine_load']}\n"
+    warm = ["| precompile workers | buckets | compiles | seconds |", "|---|---|---|---|"]
+    for r in report.get("precompile", ()):
+        warm.append(f"| {r['workers']} | {r['buckets']} | {r['compiles']} | {r['seconds']} |")
+    tables = [t for t in (runs, warm) if len(t) > 2]
+    return "\n\n".join(map("\n".join, tables)) + f"\n\nmachine load: {report['machine_load']}\n"
 
 
 def add_subcommands(commands) -> None:
@@ -179,12 +222,22 @@ def add_subcommands(commands) -> None:
     parser.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
     parser.add_argument("--max-length", type=int, default=512, help="longest length (512)")
     parser.add_argument("--new-tokens", type=int, default=32, help="generated tokens (32)")
+    parser.add_argument(
+        "--workloads", default=",".join(WORKLOADS), help=f"of {','.join(WORKLOADS)} (all)"
+    )
+    parser.add_argument("--workers", type=int, default=4, help="precompile threads (4)")
     parser.add_argument("--json", metavar="F", help="write the report as JSON")
     parser.add_argument("--markdown", metavar="F", help="write the table as markdown")
     parser.set_defaults(run=_main)
 
 
 def _main(args) -> int:
-    report = run(args.steps, args.max_length, args.new_tokens)
+    workloads = tuple(args.workloads.split(","))
+    unknown = set(workloads) - set(WORKLOADS)
+    if unknown:
+        raise OptionError(f"bench-shapes --workloads: {sorted(unknown)}: not of {WORKLOADS}")
+    report = run(
+        args.steps, args.max_length, args.new_tokens, workloads=workloads, workers=args.workers
+    )
     write_outputs(report, markdown(report), args.json, args.markdown)
     return 0
