@@ -150,3 +150,42 @@ def test_bench_shapes_names_a_bad_workload(capsys):
 
     assert cli.main(["bench-shapes", "--workloads", "precompile,serve"]) == 2
     assert "['serve']: not of ('generate', 'train', 'precompile')" in capsys.readouterr().err
+
+
+class _Step(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.tanh(self.proj(x)).softmax(1).sum(1).pow(2).mean()
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_training_graphs_are_precompiled_and_a_training_loop_compiles_nothing(workers):
+    """backward=True: each bucket's forward and backward graphs (2 x 3 compiles), no .grad
+    written; then training steps at lengths in those buckets: loss and gradients equal eager's,
+    nothing compiled."""
+    torch.manual_seed(0)
+    model, reference = _Step(), _Step()
+    reference.load_state_dict(model.state_dict())
+    compiled = _compiled(model)
+    before = tpu_inductor.compiles()
+    example = (torch.randn(2, 5, 8),)
+    buckets = tpu_inductor.precompile(
+        compiled, example, {0: 1}, 32, _shapes(), workers=workers, backward=True
+    )
+    assert buckets == [8, 16, 32] and tpu_inductor.compiles() - before == 6
+    assert all(p.grad is None for p in model.parameters())
+    with tpu_inductor.no_compiles():
+        for n in (5, 20, 32, 9):
+            x = torch.randn(2, n, 8)
+            torch._dynamo.maybe_mark_dynamic(x, 1)
+            loss, want = compiled(x), reference(x)
+            loss.backward(), want.backward()
+            assert_same(loss, want, atol=1e-5, rtol=1e-4)
+            for p, q in zip(model.parameters(), reference.parameters()):
+                assert_same(p.grad, q.grad, atol=1e-5, rtol=1e-4)
+    frozen = _compiled(lambda x: x.softmax(1))  # no parameters, an input without grad
+    with pytest.raises(OptionError, match="needs a gradient"):
+        tpu_inductor.precompile(frozen, example, {0: 1}, 8, _shapes(), backward=True, workers=1)

@@ -276,6 +276,7 @@ def precompile(
     *,
     workers: int | None = None,
     background: bool = False,
+    backward: bool = False,
 ):
     """Compile every bucket of `compiled_fn` up front, for sizes 2..`largest` of the dims
     `dims` ({input position: dim}, one size) of `example_inputs`; returns the buckets called.
@@ -284,7 +285,8 @@ def precompile(
     combination of their buckets is called, and returned as {name: bucket}.
 
     Each bucket is one call at the bucket's size, the inputs cut or repeated along `dims` (under
-    torch.no_grad: forward graphs). `shapes`: the options' `shapes` record (the policy's
+    torch.no_grad: inference graphs; `backward=True`: with grad, and the backward of the sum of
+    its float results for the module's parameters, no .grad written: training graphs). `shapes`: the options' `shapes` record (the policy's
     buckets; under "auto" with a plan, the boundaries it has for the dims, jointly where it has
     them, as a new process serving from the plan will use them); `progress(label)`, if given,
     is told each bucket as it starts. The buckets compile in `workers` threads (default: one
@@ -319,7 +321,9 @@ def precompile(
     # The last round hands nothing over: every bucket ran, compiled.
     for round_ in itertools.count():
         ahead = pool is not None and round_ < _AHEAD_ROUNDS
-        handed = _call_buckets(compiled_fn, calls, pool if ahead else None, progress, round_)
+        handed = _call_buckets(
+            compiled_fn, calls, pool if ahead else None, progress, round_, backward
+        )
         if (background and ahead) or not handed:
             break
     if pool is not None:
@@ -351,20 +355,41 @@ def _group_policies(compiled_fn, groups: dict, shapes) -> dict:
 _AHEAD_ROUNDS = 8  # graph breaks deeper than this compile the rest one after another
 
 
-def _call_buckets(compiled_fn, calls, pool, progress, round_: int) -> bool:
+def _call_buckets(compiled_fn, calls, pool, progress, round_: int, backward: bool) -> bool:
     """Call `compiled_fn` at each bucket's inputs (with `pool`, inside
     dispatch.compiling_ahead); whether a call handed a compile to the pool."""
     handed = False
     ahead = dispatch.compiling_ahead(pool) if pool is not None else contextlib.nullcontext()
-    with ahead, torch.no_grad():
+    with ahead, torch.set_grad_enabled(backward):
         for bucket, inputs in calls:
             if progress is not None and round_ == 0:
                 progress(f"bucket {bucket}")
             try:
-                compiled_fn(*inputs)
+                out = compiled_fn(*inputs)
+                if backward:
+                    _gradients(compiled_fn, inputs, out)
             except dispatch.CompilingAhead:
                 handed = True
     return handed
+
+
+def _gradients(compiled_fn, inputs, out) -> None:
+    """Run the backward of `out`'s float results (their sum) for the parameters of
+    `compiled_fn` (a module) and the inputs that require grad, leaving every .grad alone."""
+    module = getattr(compiled_fn, "_orig_mod", compiled_fn)
+    params = list(module.parameters()) if isinstance(module, torch.nn.Module) else []
+    leaves = [t for t in (*params, *inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+    results = [
+        t
+        for t in torch.utils._pytree.tree_leaves(out)
+        if isinstance(t, torch.Tensor) and t.requires_grad
+    ]
+    if not results or not leaves:
+        raise OptionError(
+            "precompile(backward=True): no result of the call needs a gradient (of "
+            f"{len(leaves)} parameters and inputs that require grad): nothing to compile"
+        )
+    torch.autograd.grad(sum(t.float().sum() for t in results), leaves, allow_unused=True)
 
 
 def _keys(compiled_fn, dims) -> list[str]:
