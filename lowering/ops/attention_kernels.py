@@ -8,14 +8,15 @@ XLA form elsewhere, naming why:
 - `tpu`: the Splash attention Pallas kernel (`jax.experimental.pallas.ops.tpu.
   splash_attention`, one `tpu_custom_call` per call) when q's and K/V's leading dims agree, the
   dtype is float32 or bfloat16, the head dim (of q, k and v alike) is a multiple of the 128
-  lanes, both lengths are multiples of 128 (blocks of 512, 256 or 128 that divide them), and the
-  mask is one the kernel builds itself: none, or a causal diagonal d >= 0 (its
-  `CausalMask` offset; decode steps included). A mask tensor (padding, additive bias) is not.
-  Grouped-query and multi-query attention (the op's q heads are a multiple of K/V's) read K/V
-  unrepeated: the kernel maps each query head to its K/V head. The kernel applies no scale: q
-  is scaled first, in float32. The backward is the kernel's own
-  VJP (its dq and dkv kernels) taken through a recomputed forward: the kernel's backward that
-  takes saved residuals is private to jax.
+  lanes (jax 0.10's kernel pads smaller ones itself, jax-ml/jax#30861, and agrees with eager
+  at 64 and 32 in interpret mode; they stay on the XLA form until a TPU has compiled them),
+  both lengths are multiples of 128 (blocks of 512, 256 or 128 that divide them), and the mask
+  is one the kernel builds itself: none, or a causal diagonal d >= 0 (its `CausalMask` offset;
+  decode steps included). A mask tensor (padding, additive bias) is not. Grouped-query and
+  multi-query attention (the op's q heads are a multiple of K/V's) read K/V unrepeated: the
+  kernel maps each query head to its K/V head. The kernel applies no scale: q is scaled first,
+  in float32. The backward is the kernel's own VJP (its dq and dkv kernels) taken through a
+  recomputed forward: the kernel's backward that takes saved residuals is private to jax.
 - `cuda`: cuDNN's fused attention through `jax.nn.dot_product_attention(implementation=
   "cudnn")` (its BTNH layout, so q/k/v are transposed in and out) for float16/bfloat16,
   [B, H, L, D] attention, full or causal (no decode diagonal, no mask tensor: cuDNN would take
@@ -26,11 +27,12 @@ XLA form elsewhere, naming why:
 - `cpu` and anything else: the portable rules, unchanged.
 
 Every choice is counted, per lowering in `LoweredModule.kernel_choices` (through
-`LoweringContext.chose`; the compile record's `kernel_choices` in compile.json) and
-process-wide in `counters` (like `passes.pipeline.counters`): keys `"<platform>.<kernel>"` for a
-kernel chosen and `"<platform>.xla: <reason>"` for a fallback, and logged at INFO: how many attentions a lowering runs as kernels (StableHLO undercounts
-them: jax emits one function per distinct kernel, called once per layer). `splash_attention(..., interpret=True)` is the same kernel in Pallas
-interpret mode, which runs on any host (the tests check its numerics against eager torch).
+`LoweringContext.chose`; the compile record's `kernel_choices` in compile.json) and process-wide
+in `counters` (like `passes.pipeline.counters`), and logged at INFO: keys `"<platform>.<kernel>"`
+for a kernel chosen, `"<platform>.xla: <reason>"` for a fallback. That is how many attentions a
+lowering runs as kernels (its StableHLO undercounts them: jax emits one function per distinct
+kernel, called once per layer). `splash_attention(..., interpret=True)` is the same kernel in
+Pallas interpret mode, which runs on any host (the tests check its numerics against eager torch).
 """
 
 from __future__ import annotations
