@@ -3,7 +3,8 @@ its result split back (option `fusion.matmuls`). Rewrites, each group counted in
 (and its matmuls under `matmuls`):
 
     mm(x, t(W1)), mm(x, t(W2)), ...        Q/K/V, gate/up: nn.Linear weights, graph inputs
-                                           (x: one node, or equal views of one)
+                                           (x: one node, or equal nodes: same target,
+                                           equal arguments)
         -> slice(mm(x, t(cat([W1, W2, ...]))), 1, ...)                    # shared_input
     addmm(b1, x, t(W1)), ...               biased projections (BERT)
         -> slice(addmm(cat([b1, ...]), x, t(cat([W1, ...]))), 1, ...)     # shared_input
@@ -14,8 +15,11 @@ its result split back (option `fusion.matmuls`). Rewrites, each group counted in
 A shared input's other operands must be weights: graph inputs (AOTAutograd's primals), as
 they are or transposed (`permute(W, [1, 0])`, `t(W)`); the backward's, anything 2-d. Members
 are one target (mm or addmm with beta = alpha = 1 and 1-d biases), one dtype, one contraction
-size, and none reads another's result (that would be a cycle; checked). GPT-2 has no group: Conv1D's c_attn
-already holds Q, K and V in one weight, and no two of its projections share an input.
+size, and none reads another's result (that would be a cycle; checked). A shared operand is
+one node or several equal ones (numbered as CSE does: an inference graph views the hidden
+states once per projection, bucketing masks each weight gradient's x on its own), so the
+merges fire at symbolic sizes too. GPT-2 has no group: Conv1D's c_attn already holds Q, K
+and V in one weight, and no two of its projections share an input.
 
 Where the concatenation happens: inside the graph, chosen by measuring (README "Matmul
 merging", `tools/bench_fuse_attention.py --fusion matmuls`). A training step meets a new
@@ -44,7 +48,6 @@ import torch
 
 from .context import PassContext
 from .fuse_attention import _insert
-from .fuse_patterns import VIEWS
 
 aten = torch.ops.aten
 _MATMULS = (aten.mm.default, aten.addmm.default)
@@ -55,7 +58,6 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
         return gm
     from torch._inductor.pattern_matcher import stable_topological_sort
 
-    merged = False
     for kind, grouping in (("shared_input", _by_input), ("shared_right", _by_right)):
         order = {node: i for i, node in enumerate(gm.graph.nodes)}
         for group in grouping(gm).values():
@@ -64,9 +66,9 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
                 _merge(group, kind, order)
                 ctx.rewrites[kind] += 1
                 ctx.rewrites["matmuls"] += len(group)
-                merged = True
-    if merged:
-        stable_topological_sort(gm.graph)
+        if ctx.rewrites[kind]:  # users of a merged matmul go after it
+            stable_topological_sort(gm.graph)
+    if ctx.rewrites:
         gm.graph.eliminate_dead_code()
     return gm
 
@@ -108,35 +110,62 @@ def _weight(node: torch.fx.Node) -> tuple[torch.fx.Node, bool] | None:
 
 def _key(node: torch.fx.Node, shared: torch.fx.Node, other: torch.fx.Node, *extra) -> tuple:
     val = other.meta["val"]
-    return (node.target, _value(shared), val.dtype, val.dim(), *extra)
+    return (node.target, shared, val.dtype, val.dim(), *extra)
 
 
-def _value(node: torch.fx.Node):
-    """What identifies `node`'s value: a view by its source and shape (an inference graph
-    views the hidden states once per projection, a training graph once)."""
-    if node.op == "call_function" and node.target in VIEWS:
-        return node.args[0], str(list(node.meta["val"].shape))
-    return node
+def _values(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.fx.Node]:
+    """Each node's first equal: the first node of its target with equal arguments (numbered
+    in graph order, as CSE does), or itself for a graph input, a random or impure call. An
+    inference graph views the hidden states once per projection; bucketing masks each weight
+    gradient's x on its own: equal values, so one group."""
+    first: dict[tuple, torch.fx.Node] = {}
+    equal: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in gm.graph.nodes:
+        equal[node] = node
+        if node.op != "call_function" or node.is_impure():
+            continue
+        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+            continue
+        key = (node.target, _hashable(node.args, equal), _hashable(node.kwargs, equal))
+        try:
+            equal[node] = first.setdefault(key, node)
+        except TypeError:  # an argument that cannot be compared
+            pass
+    return equal
+
+
+def _hashable(arg, equal: dict):
+    """`arg` with nodes read as their first equal, containers as tuples, and numbers with
+    their type (1, 1.0, True and -0.0 are not the same argument)."""
+    if isinstance(arg, torch.fx.Node):
+        return equal[arg]
+    if isinstance(arg, (list, tuple)):
+        return tuple(_hashable(a, equal) for a in arg)
+    if isinstance(arg, dict):
+        return tuple(sorted((k, _hashable(v, equal)) for k, v in arg.items()))
+    if isinstance(arg, (bool, int, float)):
+        return type(arg), repr(arg)
+    return arg
 
 
 def _by_input(gm: torch.fx.GraphModule) -> dict[tuple, list[torch.fx.Node]]:
     """Matmuls by their shared left operand, their right ones weights of one form."""
-    groups = collections.defaultdict(list)
+    groups, equal = collections.defaultdict(list), _values(gm)
     for node in _calls(gm):
         x, w = _operands(node)
         weight = _weight(w)
         if weight is not None and w.meta["val"].dim() == 2:
-            groups[_key(node, x, w, weight[1], _size(w, 0))].append(node)
+            groups[_key(node, equal[x], w, weight[1], _size(w, 0))].append(node)
     return groups
 
 
 def _by_right(gm: torch.fx.GraphModule) -> dict[tuple, list[torch.fx.Node]]:
     """mm's by their shared right operand (a weight's gradient t(g)·x shares x)."""
-    groups = collections.defaultdict(list)
+    groups, equal = collections.defaultdict(list), _values(gm)
     for node in _calls(gm):
         a, x = _operands(node)
         if node.target is aten.mm.default and a.meta["val"].dim() == 2:
-            groups[_key(node, x, a, _size(a, 1))].append(node)
+            groups[_key(node, equal[x], a, _size(a, 1))].append(node)
     return groups
 
 

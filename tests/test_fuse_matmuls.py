@@ -69,20 +69,22 @@ def test_training_step_equals_unfused_and_eager(name):
     assert_same(merged_grads, grads_of(model, eager.loss))
 
 
-def test_inference_at_symbolic_lengths():
-    """Llama at two lengths with dynamic=True (bucketed, pow2): the forward's groups merge in
-    each compile and the logits equal eager torch's."""
+def test_training_at_symbolic_lengths():
+    """Llama trained at two lengths with dynamic=True (bucketed, pow2): the forward's groups
+    and the backward's weight gradients merge (bucketing masks each gradient's x on its own:
+    equal nodes, one group); logits, loss and every gradient equal eager torch's."""
     model, _ = hf_zoo.build("llama")
     torch._dynamo.reset()
     before = collections.Counter(pipeline.counters)
     compiled = torch.compile(model, backend="tpu_inductor", options=_options(True), dynamic=True)
     g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for length in (8, 11):
-            ids = torch.randint(0, hf_zoo.VOCAB, (2, length), generator=g)
-            out, expected = (m(input_ids=ids, use_cache=False) for m in (compiled, model))
-            assert_same(out.logits, expected.logits)
-    assert _rewrites_since(before).get("shared_input", 0) >= 4
+    for length in (8, 11):
+        ids = torch.randint(0, hf_zoo.VOCAB, (2, length), generator=g)
+        out, expected = (m(input_ids=ids, labels=ids, use_cache=False) for m in (compiled, model))
+        assert_same(out.logits, expected.logits)
+        assert_same(grads_of(model, out.loss), grads_of(model, expected.loss))
+    rewrites = _rewrites_since(before)
+    assert rewrites.get("shared_input") == 4 and rewrites.get("shared_right") == 4, rewrites
 
 
 def test_independent_members_only():
@@ -101,6 +103,23 @@ def test_independent_members_only():
     args += [torch.randn(6, 5), torch.randn(6, 5)]
     check_against_eager(fn, *args, options={"fusion": {"matmuls": True}})
     assert _rewrites_since(before) == {"shared_input": 1, "shared_right": 1, "matmuls": 4}
+
+
+def test_equal_inputs_are_one_input():
+    """Inputs computed twice alike (one target, equal arguments) are one shared input; ones
+    whose arguments differ only in a number's type or sign are not."""
+    from tests.helpers import check_against_eager
+
+    def fn(x, w1, w2, w3, w4):
+        a, b = (x * 2) @ w1.t(), (x * 2) @ w2.t()  # equal: merged
+        c, d = (x * 2.0) @ w3.t(), (x * -0.0) @ w4.t()  # 2.0 is not 2, -0.0 not 0.0
+        e = (x * 0.0) @ w1.t()
+        return a, b, c, d, e
+
+    before = collections.Counter(pipeline.counters)
+    args = [torch.randn(5, 4)] + [torch.randn(3, 4) for _ in range(4)]
+    check_against_eager(fn, *args, options={"fusion": {"matmuls": True}})
+    assert _rewrites_since(before) == {"shared_input": 1, "matmuls": 2}
 
 
 def test_dump_shows_the_rewrite(tmp_path):
