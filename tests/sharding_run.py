@@ -4,8 +4,9 @@ when jax starts): `python -m tests.sharding_run MODEL PLAN... --steps N --dump D
 Sets XLA_FLAGS for 8 virtual CPU devices before jax loads, trains the zoo model MODEL (a
 compiled forward and backward, a compiled AdamW step) on one device and then under each PLAN,
 and prints one JSON line per plan: an inference call's logits against the one-device
-run's, each step's loss, the largest relative difference of the
-losses and the parameters from the one-device run, the PJRT compiles and Dynamo graphs traced
+run's, each step's loss, the largest relative difference of the losses, the first step's
+gradients and the parameters from the one-device run (and, as the yardstick, of the
+one-device run's parameters from eager PyTorch's), the PJRT compiles and Dynamo graphs traced
 after the first step, and the compile records' communication reports from the dump folder.
 
 Plans: dp (batch over data=8), fsdp (parameters and batch over data=8), tp (tensor parallel
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import sys
@@ -53,9 +55,17 @@ def _plans():
     }
 
 
-def train(model, inputs, steps: int, placed=None, options=None):
-    """(the logits of an inference call first, the losses, the model after `steps` AdamW
-    steps, (PJRT compiles, Dynamo graphs traced) after the first step)."""
+@dataclasses.dataclass
+class Run:
+    logits: torch.Tensor  # of an inference call first
+    losses: list[float]
+    model: torch.nn.Module  # after the AdamW steps
+    gradients: list[torch.Tensor]  # of the first step
+    new: tuple[int, int]  # (PJRT compiles, Dynamo graphs traced) after the first step
+
+
+def train(model, inputs, steps: int, placed=None, options=None, compiled=True) -> Run:
+    """`steps` AdamW steps of `model`, compiled (forward, backward and the step) or eager."""
     torch._dynamo.reset()
     inputs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     if placed is not None:
@@ -64,9 +74,11 @@ def train(model, inputs, steps: int, placed=None, options=None):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     if placed is not None:
         tpu_inductor.shard_optimizer_state(optimizer)
-    forward = torch.compile(model, backend="tpu_inductor", options=options)
-    step = torch.compile(optimizer.step, backend="tpu_inductor", options=options)
-    losses, compiles_after_first, traced_after_first = [], 0, 0
+    forward, step = model, optimizer.step
+    if compiled:
+        forward = torch.compile(model, backend="tpu_inductor", options=options)
+        step = torch.compile(optimizer.step, backend="tpu_inductor", options=options)
+    losses, gradients, compiles_after_first, traced_after_first = [], [], 0, 0
     traced = torch._dynamo.utils.counters["stats"]
     for i in range(-1, steps):
         if placed is not None and input_spec:
@@ -77,6 +89,8 @@ def train(model, inputs, steps: int, placed=None, options=None):
             continue
         loss = forward(**inputs, labels=inputs["input_ids"]).loss
         loss.backward()
+        if i == 0:
+            gradients = [p.grad.clone() for p in model.parameters()]
         step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
@@ -87,11 +101,16 @@ def train(model, inputs, steps: int, placed=None, options=None):
         tpu_inductor.compiles() - compiles_after_first,
         traced["unique_graphs"] - traced_after_first,
     )
-    return logits, losses, model, new
+    return Run(logits, losses, model, gradients, new)
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
+
+
+def _largest(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """The largest `_relative` difference of paired tensors."""
+    return max(_relative(x.detach(), y.detach()) for x, y in zip(a, b))
 
 
 def main(argv=None) -> int:
@@ -104,20 +123,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     model, inputs = hf_zoo.build(args.model, SIZE, experts=args.experts)
     model.train()
-    reference_logits, reference_losses, reference, _ = train(
-        copy.deepcopy(model), inputs, args.steps
-    )
+    one = train(copy.deepcopy(model), inputs, args.steps)
+    # What compiling alone moves the parameters from eager's (Adam's first steps divide each
+    # gradient by its own magnitude: reduction-order differences in near-zero gradients move
+    # those weights by up to twice the learning rate, however small the differences are).
+    eager = train(copy.deepcopy(model), inputs, args.steps, compiled=False)
     for name in args.plans:
         dump = Path(args.dump) / name
         options = {"dump_dir": str(dump)}
-        logits, losses, trained, (recompiles, retraces) = train(
-            copy.deepcopy(model), inputs, args.steps, _plans()[name], options
-        )
-        loss_diff = max(abs(a - b) / abs(b) for a, b in zip(losses, reference_losses))
-        param_diff = max(
-            _relative(p.detach(), q.detach())
-            for p, q in zip(trained.parameters(), reference.parameters())
-        )
+        run = train(copy.deepcopy(model), inputs, args.steps, _plans()[name], options)
+        loss_diff = max(abs(a - b) / abs(b) for a, b in zip(run.losses, one.losses))
         graphs = {}
         for c in report.load_run(dump):
             if c.get("communication"):
@@ -126,12 +141,18 @@ def main(argv=None) -> int:
             json.dumps(
                 {
                     "plan": name,
-                    "logits_rel_diff": _relative(logits, reference_logits),
-                    "losses": losses,
+                    "logits_rel_diff": _relative(run.logits, one.logits),
+                    "losses": run.losses,
                     "loss_rel_diff": loss_diff,
-                    "param_rel_diff": param_diff,
-                    "compiles_after_first_step": recompiles,
-                    "graphs_traced_after_first_step": retraces,
+                    "grad_rel_diff": _largest(run.gradients, one.gradients),
+                    "param_rel_diff": _largest(
+                        list(run.model.parameters()), list(one.model.parameters())
+                    ),
+                    "compiled_param_rel_diff": _largest(
+                        list(one.model.parameters()), list(eager.model.parameters())
+                    ),
+                    "compiles_after_first_step": run.new[0],
+                    "graphs_traced_after_first_step": run.new[1],
                     "communication": graphs,
                     "parameter_bytes": sum(p.numel() * 4 for p in model.parameters()),
                 }

@@ -47,9 +47,12 @@ def test_sharded_training_equals_one_device_with_the_collectives_each_plan_impli
     for plan, row in rows.items():
         assert row["logits_rel_diff"] < 1e-5, plan  # inference
         assert row["loss_rel_diff"] < 1e-5, (plan, row["losses"])
-        # Adam divides by the root of tiny second moments: reduction-order differences in
-        # near-zero gradients move a weight by ~1e-5 of the largest in 20 steps.
-        assert row["param_rel_diff"] < 1e-3, plan
+        assert row["grad_rel_diff"] < 1e-5, plan  # the first step's, every parameter's
+        # After 20 AdamW steps the parameters differ from one device's by less than the
+        # one-device run's differ from eager PyTorch's (Adam's first steps divide each gradient
+        # by its own size: any reduction order moves near-zero-gradient weights by ~2 x lr).
+        # Measured: sharded 1.1e-5..4.4e-5, compiled against eager 7.0e-5 (Llama).
+        assert row["param_rel_diff"] <= row["compiled_param_rel_diff"], plan
         assert row["compiles_after_first_step"] == 0, plan
         assert row["graphs_traced_after_first_step"] == 0, plan
     total = rows["dp"]["parameter_bytes"]
@@ -59,12 +62,17 @@ def test_sharded_training_equals_one_device_with_the_collectives_each_plan_impli
     fsdp_forward = _collectives(rows["fsdp"], "forward")
     assert fsdp_forward["per_device_bytes"]["arguments"] < total / 3
     assert fsdp_forward["collectives"]["all-gather"]["count"] > 0
-    # The optimizer step (the second inference graph, after the no-grad call): Adam's moments
-    # split like their parameters (shard_optimizer_state); only the gradients come whole.
+    # The optimizer step (the second inference graph, after the no-grad call): gradients and
+    # Adam's moments split like their parameters (shard_optimizer_state): parameters, two
+    # moments and gradients, 4x the parameters whole, about half of them per device.
     step = _collectives(rows["fsdp"], "inference", 1)["per_device_bytes"]["arguments"]
-    assert step < 2 * total  # whole: parameters, two moments and gradients, 4x
-    fsdp_backward = _collectives(rows["fsdp"], "backward")["collectives"]
-    assert "reduce-scatter" in fsdp_backward or "all-reduce" in fsdp_backward
+    assert step < total
+    # The backward reduces each split parameter's gradient into its shard: an all-reduce each
+    # device slices (XLA's GPU/TPU pipelines make it a reduce-scatter; XLA:CPU's keeps it), and
+    # nothing gathers the gradients back whole (the host assembles the shards).
+    fsdp_backward = _collectives(rows["fsdp"], "backward")
+    assert fsdp_backward["sliced_all_reduces"]["count"] >= 2 * layers
+    assert fsdp_backward["collectives"].get("all-gather", {"bytes": 0})["bytes"] < total / 3
     # Tensor parallel: the row-parallel projections (attention's output, the MLP's down) each
     # end in an all-reduce of their partial sums, at least one per block and one per MLP.
     for plan in ("tp", "tp_dp"):
@@ -79,7 +87,8 @@ def test_an_moe_decoder_with_expert_parallel_trains_as_on_one_device(tmp_path):
     implementation keeps tokens whole, so there is no token dispatch to make an all-to-all)."""
     (row,) = _run("qwen3_moe", ["ep"], tmp_path, 3, "--experts", "grouped_mm").values()
     assert row["logits_rel_diff"] < 1e-5 and row["loss_rel_diff"] < 1e-5, row["losses"]
-    assert row["param_rel_diff"] < 1e-3
+    assert row["grad_rel_diff"] < 1e-5
+    assert row["param_rel_diff"] <= row["compiled_param_rel_diff"]
     assert row["compiles_after_first_step"] == 0 == row["graphs_traced_after_first_step"]
     forward = _collectives(row, "forward")
     assert forward["per_device_bytes"]["arguments"] < row["parameter_bytes"]
@@ -138,6 +147,40 @@ print(json.dumps([abs(loss.item() - expected.item()), (grad - w.grad).abs().max(
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert max(json.loads(done.stdout.splitlines()[-1])) < 1e-5
+
+
+def test_a_parameter_placed_anew_after_a_compile_compiles_for_the_new_placement(tmp_path):
+    """Dynamo's guards do not see placements: placing a parameter otherwise resets compiled
+    code (the next call compiles for the new plan); the same placement again does not."""
+    code = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import json, torch, tpu_inductor
+from torch._dynamo.utils import counters
+mesh = tpu_inductor.Mesh({"model": 8})
+model = torch.nn.Linear(16, 8)
+x = torch.randn(4, 16)
+compiled = torch.compile(model, backend="tpu_inductor")
+tpu_inductor.shard(model, mesh, {"weight": ("model", None)})
+first = compiled(x)
+tpu_inductor.shard(model, mesh, {"weight": ("model", None)})  # unchanged: nothing compiles
+again = compiled(x)
+graphs = [counters["stats"]["unique_graphs"]]
+tpu_inductor.shard(model, mesh, {"weight": (None, "model")})
+columns = compiled(x)
+graphs.append(counters["stats"]["unique_graphs"])
+expected = model(x)
+errors = [(y - expected).abs().max().item() for y in (first, again, columns)]
+print(json.dumps({"graphs": graphs, "errors": errors}))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=_ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["graphs"] == [1, 2], result
+    assert max(result["errors"]) < 1e-5, result
+    assert "is placed anew" in done.stderr
 
 
 # Errors: each names the tensor, its shape and the mesh (no devices needed).
@@ -242,6 +285,33 @@ def test_the_communication_report_counts_each_collective_and_its_bytes():
          "per_device_bytes": {"arguments": 10, "temporaries": 2, "outputs": 1}}
     )  # fmt: skip
     assert line.startswith("mesh {'data': 2}: all-reduce x1 (512 B), all-gather x1 (8 B)")
+
+
+def test_the_report_counts_all_reduces_each_device_slices_as_reduce_scatters():
+    """The SPMD partitioner's reduce-scatter, as XLA:CPU leaves it: a (combined, tuple)
+    all-reduce whose values every user slices, directly or in a fusion that slices."""
+    from tpu_inductor import collectives
+
+    hlo = """
+%fused_slice (p0: f32[8,4], p1: u32[]) -> f32[2,4] {
+  %p0 = f32[8,4]{1,0} parameter(0)
+  %ds = f32[2,4]{1,0} dynamic-slice(%p0, %i, %z), dynamic_slice_sizes={2,4}
+}
+
+ENTRY %main (x: f32[8,4], y: f32[6]) -> (f32[2,4], f32[6], f32[3]) {
+  %pid = u32[] partition-id()
+  %ar = (f32[8,4]{1,0}, /*index=1*/f32[6]{0}) all-reduce(%x, %y), to_apply=%sum
+  %g0 = f32[8,4]{1,0} get-tuple-element(%ar), index=0
+  %g1 = f32[6]{0} get-tuple-element(%ar), index=1
+  %s0 = f32[2,4]{1,0} fusion(%g0, %pid), kind=kLoop, calls=%fused_slice
+  %ar2 = f32[6]{0} all-reduce(%y), to_apply=%sum
+  %s2 = f32[3]{0} dynamic-slice(%ar2, %pid), dynamic_slice_sizes={3}
+  ROOT %t = (f32[2,4]{1,0}, f32[6]{0}, f32[3]{0}) tuple(%s0, %g1, %s2)
+}
+"""
+    assert collectives.count(hlo)["all-reduce"] == {"count": 2, "bytes": 8 * 4 * 4 + 6 * 4 * 2}
+    # %g1 goes out whole: not sliced; %g0 and %ar2 are.
+    assert collectives.sliced_all_reduces(hlo) == {"count": 2, "bytes": 2 * 4 * 4 + 3 * 4}
 
 
 def test_an_optimizers_state_takes_its_parameters_placement():

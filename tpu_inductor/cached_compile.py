@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import cache, debug, dispatch, runtime, serialize
+from . import cache, collectives, debug, dispatch, runtime, serialize
 from .config import Options
 
 
@@ -51,6 +51,8 @@ def cached_compile(
     if value is None:
         return None
     executable, lowered = value
+    if lowered.shardings is not None:  # split over a mesh: what it communicates
+        record.communication = collectives.report(executable, device, key.digest)
     if record.cache["decision"] in ("memory_hit", "disk_hit"):  # `compile_fn` showed the others
         record.show(lowered)
         record.show(executable)

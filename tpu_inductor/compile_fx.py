@@ -28,7 +28,6 @@ from . import (
     bucketing,
     cache,
     cached_compile,
-    collectives,
     debug,
     dispatch,
     lowering,
@@ -195,8 +194,10 @@ class _Specializer:
     ):
         self.gm = gm
         self.roles = cached_compile.kept_roles(roles, options)
-        # Saved activations kept on the device get module results of their own (not views).
-        self._separate = frozenset(self.roles.saved_outputs if self.roles.keep_saved else ())
+        # Saved activations kept on the device get module results of their own (not views),
+        # as do outputs a constraint splits (left split: sharding.split_outputs).
+        saved = self.roles.saved_outputs if self.roles.keep_saved else ()
+        self._separate = frozenset(saved) | sharding.split_outputs(gm)
         self.options = options
         self.device = device
         self.static_inputs = tuple(static_inputs)
@@ -233,8 +234,6 @@ class _Specializer:
             self.roles,
         )
         record.transfers = compiled.transfer_summary()
-        if shardings is not None:
-            record.communication = collectives.report(compiled.executable, self.device)
         debug.finish(record)
         return compiled
 

@@ -35,6 +35,7 @@ class _Job:
     timeout_s: float
     client: object  # jax's DistributedRuntimeClient: the coordination key-value store
     executions: int = 0  # mesh executions this process has started
+    published: int = 0  # the count the key-value store holds (the watchdog publishes it)
     waiting_since: float | None = None  # when the running one started; None: none runs
 
 
@@ -87,12 +88,12 @@ def active() -> bool:
 
 
 def execution_started() -> None:
-    """Before a mesh execution: published, so a peer's watchdog can tell who lags."""
+    """Before a mesh execution: counted (the watchdog publishes the count, so a peer's
+    watchdog can tell who lags; no RPC on the call path)."""
     job = _job
     if job is None:
         return
     job.executions += 1
-    job.client.key_value_set(f"{_KEY}{job.process_id}", str(job.executions), allow_overwrite=True)
     job.waiting_since = time.monotonic()
 
 
@@ -102,9 +103,20 @@ def execution_finished() -> None:
 
 
 def _watch(job: _Job) -> None:
-    """End the process when a mesh execution has waited `timeout_s` (a stalled peer)."""
+    """Publish this process's execution count; end the process when a mesh execution has
+    waited `timeout_s` (a stalled peer). A tick is at most 1 s, far below `timeout_s`, so a
+    peer that reached the execution has published it before anyone's timeout runs out."""
     while True:
         time.sleep(min(1.0, job.timeout_s / 4))
+        started = job.executions
+        if started != job.published:
+            try:
+                job.client.key_value_set(
+                    f"{_KEY}{job.process_id}", str(started), allow_overwrite=True
+                )
+                job.published = started
+            except Exception:  # the service is gone: its own heartbeat check ends the job
+                pass
         since = job.waiting_since
         if since is None or time.monotonic() - since < job.timeout_s:
             continue

@@ -120,6 +120,7 @@ class Mirrors:
     def __init__(self):
         self._copies = WeakIdKeyDictionary()
         self._by_memory: dict[tuple, tuple] = {}
+        self._memory_devices: set = set()  # the device keys `_by_memory` holds copies on
 
     def get(self, tensor: torch.Tensor, device_key: Any, bumped: bool = False):
         """The device copy of `tensor` on the device of `device_key`, or None if there is none
@@ -142,9 +143,7 @@ class Mirrors:
         """Whether `tensor` has a device copy on some device (current or not)."""
         if tensor in self._copies:
             return True
-        return any(
-            _memory(tensor, key) in self._by_memory for key in {k for k, *_ in self._by_memory}
-        )
+        return any(_memory(tensor, key) in self._by_memory for key in self._memory_devices)
 
     def put(self, tensor: torch.Tensor, device_key: Any, array) -> None:
         """`array` is `tensor`'s current values on the device of `device_key`."""
@@ -158,11 +157,13 @@ class Mirrors:
         if len(self._by_memory) > 4 * len(self._copies) + 64:  # drop the dead ones
             self._by_memory = {k: e for k, e in self._by_memory.items() if not e[3].expired()}
         weak = StorageWeakRef(tensor.untyped_storage())
+        self._memory_devices.add(device_key)
         self._by_memory[_memory(tensor, device_key)] = (device_key, stamp(tensor), array, weak)
 
     def clear(self) -> None:
         self._copies.clear()
         self._by_memory.clear()
+        self._memory_devices.clear()
 
 
 def _memory(tensor: torch.Tensor, device_key: Any) -> tuple:

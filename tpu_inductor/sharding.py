@@ -23,6 +23,7 @@ dim (data parallelism) and weights are replicated.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import weakref
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,8 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .exc import OptionError
+
+log = logging.getLogger(__name__)
 
 _AXIS = re.compile(r"^[A-Za-z_]\w*$")
 
@@ -191,32 +194,42 @@ _placements: WeakIdKeyDictionary = WeakIdKeyDictionary()
 _optimizers: weakref.WeakSet = weakref.WeakSet()
 
 
+# Whether a compile read a placement (`placements`) since the last reset (_place).
+_read_since_placed = [False]
+
+
 def placement(tensor: Any) -> Placement | None:
     """The placement given to `tensor` (a parameter, a buffer, an input), or None."""
     return _placements.get(tensor) if isinstance(tensor, torch.Tensor) else None
 
 
 def placements(values) -> list[Placement | None]:
-    """Each value's placement: its own (`placement`), or, for the state of a placed parameter
-    in an optimizer given to `shard_optimizer_state` (Adam's moments), the parameter's."""
+    """Each value's placement: its own (`placement`), or, for the gradient and the state of a
+    placed parameter of an optimizer given to `shard_optimizer_state` (Adam's moments), the
+    parameter's."""
     states: dict[int, tuple[torch.Tensor, Placement]] = {}
     for optimizer in list(_optimizers):
-        for parameter, state in optimizer.state.items():
-            given = placement(parameter)
-            for value in state.values() if given is not None else ():
-                if isinstance(value, torch.Tensor) and value.shape == parameter.shape:
-                    states[id(value)] = (value, given)
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                given = placement(parameter)
+                if given is None:
+                    continue
+                state = optimizer.state.get(parameter, {})
+                for value in (parameter.grad, *state.values()):
+                    if isinstance(value, torch.Tensor) and value.shape == parameter.shape:
+                        states[id(value)] = (value, given)
     found = []
     for value in values:
         own, state = placement(value), states.get(id(value))
         found.append(own or (state[1] if state is not None and state[0] is value else None))
+    _read_since_placed[0] |= any(p is not None for p in found)
     return found
 
 
 def shard_optimizer_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """Split `optimizer`'s state like the parameters it belongs to (a moment of a parameter
-    FSDP splits is split the same way: ZeRO's optimizer-state sharding), as it is created and
-    after; returns `optimizer`. Call it after `shard`, before the first compiled step."""
+    """Split `optimizer`'s state and gradients like the parameters they belong to (a moment of
+    a parameter FSDP splits is split the same way: ZeRO's optimizer-state sharding), as they
+    are created and after; returns `optimizer`. Call it after `shard`, before the first compiled step."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise OptionError(
             f"tpu_inductor.shard_optimizer_state: {type(optimizer).__name__} is not a "
@@ -246,7 +259,7 @@ def shard(model: torch.nn.Module, mesh: Mesh, plan) -> torch.nn.Module:
     for name, spec in sharding_plans.resolve(model, mesh, plan).items():
         tensor = tensors[name]
         check_spec(mesh, tuple(tensor.shape), spec, f"parameter {name}")
-        _placements[tensor] = Placement(mesh, spec)
+        _place(tensor, Placement(mesh, spec), f"parameter {name}")
     return model
 
 
@@ -262,8 +275,29 @@ def mark_sharding(tensor: torch.Tensor, mesh: Mesh, spec: Sequence[str | None]) 
         from .sharding_op import shard_as
 
         return shard_as(tensor, mesh, spec)
-    _placements[tensor] = Placement(mesh, spec)
+    _place(tensor, Placement(mesh, spec), "the tensor given to mark_sharding")
     return tensor
+
+
+def _place(tensor: torch.Tensor, given: Placement, what: str) -> None:
+    """Record `given` for `tensor`. Dynamo's guards do not see placements: a tensor placed
+    otherwise after a compile read its placement would keep running the old plan's
+    executables, so the compiled code is dropped (torch._dynamo.reset(); executables of
+    unchanged graphs come back from the compile cache) and the next call compiles anew."""
+    before = _placements.get(tensor)
+    _placements[tensor] = given
+    if before is not None and before != given and _read_since_placed[0]:
+        log.warning(
+            "tpu_inductor: %s is placed anew (%s %s, was %s %s) after a compile read its "
+            "placement: compiled code is reset so the next call compiles for the new one.",
+            what,
+            given.mesh,
+            given.spec,
+            before.mesh,
+            before.spec,
+        )
+        torch._dynamo.reset()
+        _read_since_placed[0] = False
 
 
 def common_mesh(placements: Sequence[Placement | None]) -> Mesh | None:
@@ -290,3 +324,20 @@ def module_split(layout, device_axes, inputs: Sequence[Any], open_inputs=()) -> 
             check_spec(mesh, tuple(inputs[i].shape), specs[i], f"graph input {i}")
     split = tuple(specs.get(i, None if i in open_inputs else ()) for i in positions)
     return mesh.axes, split
+
+
+def split_outputs(gm: torch.fx.GraphModule) -> frozenset[int]:
+    """Graph outputs a sharding constraint splits (a gradient placed as its parameter, by
+    annotate_sharding): the module returns them split (a reduce-scatter of the partial sums,
+    not an all-reduce and a gather) and the host assembles their shards. Across processes a
+    host holds only its own shards, so there they come back whole (none)."""
+    from . import distributed
+    from .sharding_op import is_constraint
+
+    if distributed.active():
+        return frozenset()
+    outputs = gm.graph.output_node().args[0]
+    flat = outputs if isinstance(outputs, (list, tuple)) else (outputs,)
+    return frozenset(
+        i for i, v in enumerate(flat) if isinstance(v, torch.fx.Node) and is_constraint(v)
+    )
