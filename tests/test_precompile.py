@@ -6,6 +6,9 @@ timed; every result equals eager's with NaN in the padding."""
 
 from __future__ import annotations
 
+import logging
+import threading
+
 import pytest
 import torch
 
@@ -189,3 +192,28 @@ def test_training_graphs_are_precompiled_and_a_training_loop_compiles_nothing(wo
     frozen = _compiled(lambda x: x.softmax(1))  # no parameters, an input without grad
     with pytest.raises(OptionError, match="needs a gradient"):
         tpu_inductor.precompile(frozen, example, {0: 1}, 8, _shapes(), backward=True, workers=1)
+
+
+def test_a_compile_that_fails_in_the_background_is_logged_and_raised_by_its_call(
+    monkeypatch, caplog
+):
+    from tpu_inductor.exc import CompileError
+
+    def fail(lowered, device):
+        raise CompileError("PJRT failed (a test)")
+
+    model = _Broken()
+    compiled = _compiled(model)
+    monkeypatch.setattr(runtime, "compile_module", fail)
+    with caplog.at_level(logging.WARNING, logger="tpu_inductor.dispatch"):
+        tpu_inductor.precompile(
+            compiled, (torch.randn(2, 5),), {0: 1}, 8, _shapes(), background=True
+        )
+        x = torch.randn(2, 8)
+        torch._dynamo.maybe_mark_dynamic(x, 1)
+        with pytest.raises(CompileError, match="a test"), torch.no_grad():
+            compiled(x)
+        for thread in threading.enumerate():  # the pool's threads log before they end
+            if thread.name.startswith("tpu_inductor-precompile"):
+                thread.join()
+    assert "a compile ahead of its calls failed" in caplog.text and "a test" in caplog.text

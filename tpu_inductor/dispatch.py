@@ -115,6 +115,7 @@ class SizeDispatch:
             if pending is None and pool is not None:
                 run = contextvars.copy_context().run  # the bucket this call's record names
                 self._pending[key] = pool.submit(run, self._compile, list(args), scalars)
+                self._pending[key].add_done_callback(self._say_if_failed)
                 raise CompilingAhead(self._name)
             try:
                 compiled = pending.result() if pending is not None else self._compile(args, scalars)
@@ -136,6 +137,16 @@ class SizeDispatch:
                 self._pending.pop(key, None)
             self._keep(key, compiled)
         return compiled(args)
+
+    def _say_if_failed(self, future: Future) -> None:
+        """Log a compile handed to a pool that failed (in the background no call may wait)."""
+        if future.exception() is not None:
+            log.warning(
+                "tpu_inductor: %s: a compile ahead of its calls failed (a call of these sizes "
+                "raises it): %s",
+                self._name,
+                future.exception(),
+            )
 
     def _keep(self, key: tuple, compiled: Callable[[list], list]) -> None:
         if self._compiled.put(key, compiled) and not self._warned:
