@@ -175,6 +175,37 @@ def test_cholesky_family_and_unique_decompositions():
     check_many_against_eager(fns, a, b, tall, tau, tolerance=_tol, options=LOWERED)
 
 
+def _ldl_cases(g):
+    """Matrices that take each Bunch-Kaufman branch: plain 1x1 pivots, interchanges, 2x2 blocks
+    (small diagonals), a zero column (info), and a non-symmetric one (only its lower triangle
+    is read)."""
+    sym = torch.randn(4, 6, 6, generator=g)
+    sym = sym + sym.mT
+    sym[1].diagonal().mul_(0.01)
+    sym[2, :, 0] = sym[2, 0, :] = 0
+    sym[3] = torch.randn(6, 6, generator=g)
+    return sym
+
+
+def test_ldl_factor_solve_and_matrix_exp():
+    g = _gen(7)
+    a, b = _ldl_cases(g), torch.randn(4, 6, 2, generator=g)
+    ld, pivots, info = LA.ldl_factor_ex(a)
+    interchanged = (pivots > 0) & (pivots != torch.arange(1, 7, dtype=torch.int32))
+    assert bool((pivots < 0).any()) and bool(interchanged.any())
+    assert info.tolist() == [0, 0, 1, 0]  # every branch above is taken by eager's own factor
+    solvable = a[[0, 1, 3]]
+    fns = {
+        "ldl_factor_ex": lambda a, s, b: LA.ldl_factor_ex(a),
+        "ldl_factor": lambda a, s, b: LA.ldl_factor(s),
+        "ldl_solve": lambda a, s, b: LA.ldl_solve(*LA.ldl_factor(s), b[:3]),
+        "ldl_solve_broadcast": lambda a, s, b: LA.ldl_solve(*LA.ldl_factor(s[0]), b[:3]),
+        "ldl_factor_empty": lambda a, s, b: LA.ldl_factor_ex(a[:, :0, :0]),
+        "matrix_exp": lambda a, s, b: torch.linalg.matrix_exp(a * 0.3),
+    }
+    check_many_against_eager(fns, a, solvable, b, tolerance=_tol, options=LOWERED)
+
+
 def test_cholesky_info_names_the_failing_minor():
     a = torch.eye(4)
     a[2, 2] = -1.0  # leading minors of order 1 and 2 are positive-definite, order 3 is not

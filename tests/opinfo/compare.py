@@ -7,7 +7,9 @@
   values differently from eager, so indices pass when the input gathered at them gives the
   values, and (sort, argsort, topk) a row's indices are distinct.
 - 16-bit results that differ from eager pass when no less accurate than eager's against a
-  float64 computation (torch._dynamo.utils.same's fp64 criterion).
+  float64 computation (torch._dynamo.utils.same's fp64 criterion); so do the float32 results of
+  the few entries in FLOAT64_JUDGED, where eager's own float32 is not within the table's
+  tolerance of its float64 result.
 """
 
 from __future__ import annotations
@@ -41,6 +43,12 @@ ACCURACY_CLASSES = frozenset(
 
 # Dtypes compared against a float64 computation when they differ from eager.
 LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+# Entries judged against float64 in float32 too: entry -> why eager's float32 is no reference.
+FLOAT64_JUDGED = {
+    "matrix_exp": "exp of a 5x5 sample with 1-norm ~27 (entries ~1e5): eager's own float32 is "
+    "off its float64 by ~1e-6 of the largest entry, far past rtol 1e-4 on the small ones",
+}
 
 # Sort-like entries: the position of their dim argument, and whether their index output
 # selects whole rows (whose indices are distinct) or one element per row.
@@ -135,15 +143,15 @@ def _layout(name: str, case):
     return source, dim % source.dim(), rows
 
 
-def compare_to_float64(got, want, reference, direct: Outcome) -> Outcome:
-    """`direct` unless the low-precision result is no less accurate than eager's against a
-    float64 computation of the sample (`reference()`)."""
+def compare_to_float64(got, want, reference, direct: Outcome, tol: float = 2e-2) -> Outcome:
+    """`direct` unless the result is no less accurate than eager's against a float64
+    computation of the sample (`reference()`); `tol`: same()'s (2e-2 for 16-bit dtypes)."""
     from torch._dynamo.utils import same
 
     try:
         fp64 = reference()
     except Exception:
         return direct
-    if len(fp64) == len(want) and same(want, got, fp64_ref=fp64, tol=2e-2, equal_nan=True):
+    if len(fp64) == len(want) and same(want, got, fp64_ref=fp64, tol=tol, equal_nan=True):
         return Outcome("pass")
     return direct

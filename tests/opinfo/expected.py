@@ -111,15 +111,6 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
     "linalg.eigvals": {
         "float32": ("unsupported", "no lowering rule yet for aten.linalg_eig.default"),
     },
-    "linalg.ldl_factor": {
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_ldl_factor_ex.default"),
-    },
-    "linalg.ldl_factor_ex": {
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_ldl_factor_ex.default"),
-    },
-    "linalg.ldl_solve": {
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_ldl_solve.default"),
-    },
     "linalg.lstsq": {
         "float32": (
             "untraceable",
@@ -140,9 +131,6 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
             "untraceable",
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DynamicOutputShapeException: aten.masked_select.default",
         ),
-    },
-    "matrix_exp": {
-        "float32": ("unsupported", "no lowering rule yet for aten.linalg_matrix_exp.default"),
     },
     "narrow": {
         "float32": (
