@@ -9,8 +9,8 @@ size, its inputs padded up to the bucket (elsewhere). Policies (`BucketPolicy.ki
 - "multiple": the next multiple of `multiple` (128: 128, 256, ...): padding under `multiple`.
 - "sizes": the smallest explicit size holding the size; one past the largest compiles exactly.
 - "auto": boundaries chosen from the sizes observed (`choose_boundaries` per symbol,
-  `choose_joint` jointly for the symbols of one graph (batch x length x ...); kept in a `BucketPlan` file), then as
-  "sizes"; until a plan exists, as "pow2".
+  `choose_joint` jointly for the symbols of one graph: batch x length x ...; kept in a
+  `BucketPlan` file), then as "sizes"; until a plan exists, as "pow2".
 
 Always: sizes 0 and 1 are never padded (torch specializes them); a bucket never passes a `bound`
 the graph implies (a position table's length, mark_dynamic(max=)), but is clamped to it, and a
@@ -270,9 +270,9 @@ class BucketPlan:
 
     def replan(self, *, max_buckets: int | None = None, compile_cost: float) -> None:
         """Every histogram's boundaries again: each key's by `choose_boundaries`, each joint
-        histogram's by `choose_joint` (none: the entry is dropped). `max_buckets` (per key; jointly: bucket
-        tuples in use) defaults to as many as pow2 would use for the sizes seen, so never more
-        compiles than pow2."""
+        histogram's by `choose_joint` (none: the entry is dropped). `max_buckets` (per key;
+        jointly: bucket tuples in use) defaults to as many as pow2 would use for the sizes seen,
+        so never more compiles than pow2."""
         pow2 = BucketPolicy("pow2", min_bucket=1)
         for key, sizes in self.histogram.items():
             budget = max_buckets or max(1, len({pow2.bucket(n) for n in sizes}))

@@ -286,10 +286,10 @@ def precompile(
 
     Each bucket is one call at the bucket's size, the inputs cut or repeated along `dims` (under
     torch.no_grad: inference graphs; `backward=True`: with grad, and the backward of the sum of
-    its float results for the module's parameters, no .grad written: training graphs). `shapes`: the options' `shapes` record (the policy's
-    buckets; under "auto" with a plan, the boundaries it has for the dims, jointly where it has
-    them, as a new process serving from the plan will use them); `progress(label)`, if given,
-    is told each bucket as it starts. The buckets compile in `workers` threads (default: one
+    its float results for the module's parameters, no .grad written: training graphs).
+    `shapes`: the options' `shapes` record (the policy's buckets; under "auto" with a plan, the
+    boundaries it has for the dims, jointly where it has them, as a new process serving from
+    the plan will use them); `progress(label)`, if given, is told each bucket as it starts. The buckets compile in `workers` threads (default: one
     per bucket, at most the CPUs and 8; 1: one after another, on this thread unless in the
     background): their lowerings one at a time (Python), their PJRT compiles overlapping (they
     release the GIL). `background`: return once each bucket's first graph is handed to the
