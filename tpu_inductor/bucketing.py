@@ -289,13 +289,13 @@ def precompile(
     its float results for the module's parameters, no .grad written: training graphs).
     `shapes`: the options' `shapes` record (the policy's buckets; under "auto" with a plan, the
     boundaries it has for the dims, jointly where it has them, as a new process serving from
-    the plan will use them); `progress(label)`, if given, is told each bucket as it starts. The buckets compile in `workers` threads (default: one
-    per bucket, at most the CPUs and 8; 1: one after another, on this thread unless in the
-    background): their lowerings one at a time (Python), their PJRT compiles overlapping (they
-    release the GIL). `background`: return once each bucket's first graph is handed to the
-    threads; a call that needs a bucket still compiling waits for it, and precompile called
-    again without `background` waits for all and checks them (graphs after a graph break
-    compile then)."""
+    the plan will use them); `progress(label)`, if given, is told each bucket as it starts.
+    The buckets compile in `workers` threads (default: one per bucket, at most the CPUs and 8;
+    1: one after another, on this thread unless in the background): their lowerings one at a
+    time (Python), their PJRT compiles overlapping (they release the GIL). `background`: return
+    once each bucket's first graph is handed to the threads; a call that needs a bucket still
+    compiling waits for it, and precompile called again without `background` waits for all
+    and checks them (graphs after a graph break compile then)."""
     from .config import Options
 
     named = isinstance(largest, Mapping)
