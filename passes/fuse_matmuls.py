@@ -48,6 +48,7 @@ import torch
 
 from .context import PassContext
 from .fuse_attention import _insert
+from .fuse_patterns import same
 
 aten = torch.ops.aten
 _MATMULS = (aten.mm.default, aten.addmm.default)
@@ -88,6 +89,7 @@ def _plain_addmm(node: torch.fx.Node) -> bool:
         and not node.kwargs
         and isinstance(bias, torch.fx.Node)
         and bias.meta["val"].dim() == 1
+        and same(bias.meta["val"].shape, node.meta["val"].shape[1:])  # not one broadcast
     )
 
 

@@ -92,15 +92,16 @@ def test_independent_members_only():
     be a cycle); the rest are, and every result equals eager torch's."""
     from tests.helpers import check_against_eager
 
-    def fn(x, w1, w2, g1, g2):
+    def fn(x, w1, w2, g1, g2, bias):
         a, b = x @ w1.t(), x @ w2.t()  # shared input, weights: merged
         c, d = g1 @ x, g2 @ x  # shared right operand: merged
         e = (g2 + c.sum()) @ x  # reads c: stays on its own
-        return a, b, c, d, e
+        f = torch.addmm(bias, x, w1.t()) + torch.addmm(bias, x, w2.t())  # broadcast bias: apart
+        return a, b, c, d, e, f
 
     before = collections.Counter(pipeline.counters)
-    args = [torch.randn(5, 4), torch.randn(3, 4), torch.randn(2, 4)]
-    args += [torch.randn(6, 5), torch.randn(6, 5)]
+    args = [torch.randn(5, 4), torch.randn(3, 4), torch.randn(3, 4)]
+    args += [torch.randn(6, 5), torch.randn(6, 5), torch.randn(1)]
     check_against_eager(fn, *args, options={"fusion": {"matmuls": True}})
     assert _rewrites_since(before) == {"shared_input": 1, "shared_right": 1, "matmuls": 4}
 
