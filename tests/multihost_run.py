@@ -5,7 +5,8 @@ Trains an MLP with FSDP over the 8 devices for a few steps (a compiled forward a
 a compiled SGD step) and prints, as JSON, each step's loss and the largest difference of the
 parameters from the same steps in eager torch (on this process alone). `--die-after N`: the
 process exits abruptly after N steps; `--stall-after N`: it stops there, alive (its peer must
-fail within the timeout either way).
+fail within the timeout either way). `--dropout-seed S`: instead, a dropout graph after
+`torch.manual_seed(S)` (processes whose seeds differ must fail, not draw other numbers).
 """
 
 from __future__ import annotations
@@ -32,8 +33,11 @@ def main(argv=None) -> int:
     parser.add_argument("--die-after", type=int)
     parser.add_argument("--stall-after", type=int)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--dropout-seed", type=int, help="run a dropout graph after this seed")
     args = parser.parse_args(argv)
     distributed.initialize(f"127.0.0.1:{args.port}", 2, args.process_id, timeout_s=20)
+    if args.dropout_seed is not None:
+        return _dropout(args.process_id, args.dropout_seed)
     torch.manual_seed(0)  # the same model, batch and seeds in every process
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
     reference = copy.deepcopy(model)
@@ -68,6 +72,22 @@ def main(argv=None) -> int:
     print(
         json.dumps({"process": args.process_id, "losses": losses, "param_diff": diff}), flush=True
     )
+    return 0
+
+
+def _dropout(process_id: int, seed: int) -> int:
+    """A random graph over the 8-device mesh after `torch.manual_seed(seed)`: prints which of
+    the batch's entries it kept (the same in both processes when their seeds agree)."""
+    torch.manual_seed(seed)
+    mesh = tpu_inductor.Mesh({"data": 8})
+    x = tpu_inductor.mark_sharding(torch.ones(16, 4), mesh, ("data", None))
+    dropout = torch.compile(
+        lambda x: torch.nn.functional.dropout(x, 0.5),
+        backend="tpu_inductor",
+        options={"cache": False},
+    )
+    kept = (dropout(x) != 0).sum().item()
+    print(json.dumps({"process": process_id, "kept": kept}), flush=True)
     return 0
 
 

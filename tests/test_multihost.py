@@ -25,8 +25,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _job(*extra_for_process_1: str, steps: int = 3) -> tuple[list, float]:
-    """Both processes' (returncode, stdout, stderr), and when process 0 ended (time.time())."""
+def _job(*extra_for_process_1: str, steps: int = 3, both=(), ends=True) -> tuple[list, float]:
+    """Both processes' (returncode, stdout, stderr), and when process 0 ended (time.time()).
+    `both`: arguments for both processes, `extra_for_process_1` for process 1 after them;
+    `ends`: process 1 ends by itself (waited for), else it is killed once process 0 ended."""
     port = str(_free_port())
     command = [sys.executable, "-m", "tests.multihost_run"]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
@@ -38,6 +40,7 @@ def _job(*extra_for_process_1: str, steps: int = 3) -> tuple[list, float]:
                 port,
                 "--steps",
                 str(steps),
+                *both,
                 *(extra_for_process_1 if rank else ()),
             ],
             cwd=_ROOT,
@@ -51,7 +54,7 @@ def _job(*extra_for_process_1: str, steps: int = 3) -> tuple[list, float]:
     try:
         out0, err0 = procs[0].communicate(timeout=240)
         ended = time.time()
-        if not extra_for_process_1:  # a healthy peer: let it shut down on its own
+        if ends:  # a healthy peer: let it shut down on its own
             procs[1].wait(timeout=120)
     finally:
         for p in procs:
@@ -79,7 +82,7 @@ def test_a_sharded_training_step_over_two_processes_equals_eager():
     ],
 )
 def test_a_process_that_dies_or_stalls_makes_its_peer_fail_naming_it_within_60_s(how, names_it):
-    results, ended = _job(how, "1", steps=50)
+    results, ended = _job(how, "1", steps=50, ends=False)
     returncode, _, err = results[0]
     assert returncode != 0
     assert names_it in err, err[-3000:]
@@ -87,6 +90,22 @@ def test_a_process_that_dies_or_stalls_makes_its_peer_fail_naming_it_within_60_s
         float(line.split()[-1]) for line in results[1][1].splitlines() if "stopped at" in line
     ]
     assert ended - stopped < 60  # the job's timeout is 20 s
+
+
+def test_processes_whose_random_seeds_differ_fail_instead_of_drawing_other_numbers():
+    """Each process sends the seed of a random graph's call to its own devices: on a graph's
+    first call the processes check they agree (a silently different mask otherwise)."""
+    same, _ = _job(both=("--dropout-seed", "7"))
+    kept = []
+    for returncode, out, err in same:
+        assert returncode == 0, err[-3000:]
+        kept.append(json.loads(out.splitlines()[-1])["kept"])
+    assert kept[0] == kept[1] and 0 < kept[0] < 64
+    differ, _ = _job("--dropout-seed", "8", both=("--dropout-seed", "7"))
+    for returncode, _, err in differ:
+        assert returncode != 0
+        assert "differs between processes" in err, err[-3000:]
+        assert "torch.manual_seed" in err
 
 
 def test_initialize_checks_its_arguments_before_joining():

@@ -1,6 +1,6 @@
 """A training step of the zoo Llama on 1, 2, 4 and 8 virtual CPU devices: step time (median of
-several), per-device memory (arguments and temporaries of the forward and backward
-executables) and bytes communicated per step (the collectives of both), under FSDP over a
+several), per-device memory (arguments and temporaries of the forward, backward and
+AdamW-step executables; the optimizer's state split like the parameters) and bytes communicated per step (the collectives of both), under FSDP over a
 `data` axis with the batch split over it.
 
     .venv/bin/python tools/bench_sharding.py [--steps 8] [--size large|tiny]
@@ -41,8 +41,10 @@ def _step_figures(devices: int, size: hf_zoo.Size, steps: int) -> dict:
     dump = tempfile.mkdtemp(prefix=f"bench_sharding_{devices}_")
     options = {"dump_dir": dump}
     forward = torch.compile(model, backend="tpu_inductor", options=options)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
-    step = torch.compile(optimizer.step, backend="tpu_inductor")
+    optimizer = tpu_inductor.shard_optimizer_state(
+        torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    )
+    step = torch.compile(optimizer.step, backend="tpu_inductor", options=options)
     ids = inputs["input_ids"]
     times = []
     for _ in range(steps + 2):
@@ -55,7 +57,7 @@ def _step_figures(devices: int, size: hf_zoo.Size, steps: int) -> dict:
     memory, communicated = 0, 0
     for c in report.load_run(dump):
         comm = c.get("communication")
-        if comm and c["graph"].split("_")[0] in ("forward", "backward"):
+        if comm and c["graph"].split("_")[0] in ("forward", "backward", "inference"):
             memory += (
                 comm["per_device_bytes"]["arguments"] + comm["per_device_bytes"]["temporaries"]
             )
@@ -78,11 +80,11 @@ def main() -> int:
         size = hf_zoo.Size(batch=8)
     load = os.getloadavg()[0]
     print(f"zoo Llama {size}, FSDP + batch over data; load {load:.2f} on {os.cpu_count()} cores")
-    print("devices  step ms  per-device bytes (fw+bw args+temps)  communicated bytes / step")
+    print("devices  step ms  per-device bytes (fw+bw+step args+temps)  communicated bytes / step")
     for devices in (1, 2, 4, 8):
         row = _step_figures(devices, size, args.steps)
         print(
-            f"{row['devices']:>7}  {row['step_ms']:7.1f}  {row['per_device_bytes']:>34,}  "
+            f"{row['devices']:>7}  {row['step_ms']:7.1f}  {row['per_device_bytes']:>40,}  "
             f"{row['communicated_bytes']:>25,}"
         )
     return 0

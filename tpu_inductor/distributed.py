@@ -36,6 +36,7 @@ class _Job:
     client: object  # jax's DistributedRuntimeClient: the coordination key-value store
     executions: int = 0  # mesh executions this process has started
     published: int = 0  # the count the key-value store holds (the watchdog publishes it)
+    agreements: int = 0  # `agree` calls so far (the same sequence in every process)
     waiting_since: float | None = None  # when the running one started; None: none runs
 
 
@@ -85,6 +86,38 @@ def initialize(
 def active() -> bool:
     """Whether this process is part of a multi-process job."""
     return _job is not None
+
+
+def agree(what: str, value: str) -> None:
+    """Check that every process has the same `value` of `what` (called at the same point of
+    the same program in each, e.g. a graph's random seed on its first call: a seed that
+    differs between processes would give each process's devices other random numbers, a
+    silently wrong result). A DeviceError names the processes that differ, or that did not
+    reach this point within `timeout_s`."""
+    job = _job
+    if job is None:
+        return
+    job.agreements += 1
+    key = f"{_KEY}agree/{job.agreements}/"
+    job.client.key_value_set(key + str(job.process_id), value)
+    for peer in range(job.num_processes):
+        if peer == job.process_id:
+            continue
+        try:
+            theirs = job.client.blocking_key_value_get(key + str(peer), int(job.timeout_s * 1000))
+        except Exception as error:
+            raise DeviceError(
+                f"tpu_inductor.distributed: process {peer} did not reach the check of {what} "
+                f"within {job.timeout_s:.0f} s ({error}): it stalled, died or runs another "
+                "program."
+            ) from error
+        if theirs != value:
+            raise DeviceError(
+                f"tpu_inductor.distributed: {what} differs between processes: {value} in "
+                f"process {job.process_id}, {theirs} in process {peer}. Every process must run "
+                "the same program from the same state: call torch.manual_seed(s) with the same "
+                "s in each."
+            )
 
 
 def execution_started() -> None:
