@@ -138,3 +138,31 @@ def test_an_artifact_split_over_a_mesh_runs_each_bucket_on_its_devices(
     assert refused.returncode != 0
     assert "needs 4 cpu devices; 2 here" in refused.stderr, refused.stderr[-2000:]
     assert "xla_force_host_platform_device_count=4" in refused.stderr
+
+
+def test_a_mesh_takes_its_devices_in_the_topologys_order(monkeypatch, caplog):
+    """mesh_placement.topology_order: jax's create_device_mesh decides (on a TPU slice, the
+    order of its links); a shape it cannot map keeps jax.devices() order and says why."""
+    import numpy as np
+    from jax.experimental import mesh_utils
+
+    from tpu_inductor import mesh_placement
+
+    devices = ["d0", "d1", "d2", "d3"]
+    seen = []
+
+    def by_links(shape, devices):
+        seen.append(shape)
+        return np.array(devices[::-1], dtype=object).reshape(shape)
+
+    monkeypatch.setattr(mesh_utils, "create_device_mesh", by_links)
+    assert mesh_placement.topology_order(devices, [2, 2]) == ("d3", "d2", "d1", "d0")
+    assert seen == [(2, 2)]
+
+    def refuses(shape, devices):
+        raise ValueError("no such slice")
+
+    monkeypatch.setattr(mesh_utils, "create_device_mesh", refuses)
+    with caplog.at_level("INFO", logger="tpu_inductor.mesh_placement"):
+        assert mesh_placement.topology_order(devices, [4]) == tuple(devices)
+    assert "no such slice" in caplog.text

@@ -1,5 +1,6 @@
-"""Where a mesh executable's arguments and results live: the jax shardings PJRT compiled them
-with (the partitioner chose the open ones), and those layouts as partition specs.
+"""Where a mesh executable's arguments and results live: the mesh's devices in the order of
+the hardware's links (`topology_order`), the jax shardings PJRT compiled them with (the
+partitioner chose the open ones), and those layouts as partition specs.
 
 runtime.CompiledGraph places every argument by `argument_shardings` and assembles every result
 by `result_shardings`, so a layout XLA chose is read, never guessed; `partition_specs` turns the
@@ -8,9 +9,27 @@ layouts of saved activations into the specs the backward is lowered with.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 
 from .exc import DeviceError
+
+log = logging.getLogger(__name__)
+
+
+def topology_order(devices: Sequence, shape: Sequence[int]) -> tuple:
+    """`devices` in the row-major order of a mesh of `shape` that follows the chips' links:
+    jax's `mesh_utils.create_device_mesh` (on a TPU slice, neighbours along each axis share
+    ICI links, so the last axes, tensor parallel's, communicate fastest; elsewhere the order
+    given). A shape it cannot map onto the topology keeps the order given, with the reason."""
+    from jax.experimental import mesh_utils
+
+    try:
+        ordered = mesh_utils.create_device_mesh(tuple(shape), devices=list(devices))
+    except (ValueError, AssertionError, NotImplementedError) as error:
+        log.info("tpu_inductor: mesh %s kept in jax.devices() order: %s", tuple(shape), error)
+        return tuple(devices)
+    return tuple(ordered.flat)
 
 
 def argument_shardings(device, lowered, executable) -> tuple:

@@ -156,7 +156,7 @@ def mesh_device(name: str, axes: Sequence[tuple[str, int]]) -> Device:
             f"tpu_inductor: a mesh of {count} devices ({dict(axes)}) needs {count} {name} "
             f"devices; {len(found)} here.{hint}"
         )
-    mesh = tuple(found[:count])
+    mesh = mesh_placement.topology_order(found[:count], [size for _, size in axes])
     local = next((d for d in mesh if d.process_index == client.process_index()), mesh[0])
     return Device(client, local, name, axes=tuple(axes), mesh=mesh)
 
