@@ -43,6 +43,7 @@ RULE_MODULES = (
     "nn",
     "attention",
     "attention_kernels",
+    "norm",
     "resample",
     "statistics",
     "random",

@@ -1,7 +1,8 @@
 """The ordered pass pipeline, run once on the whole ATen graph before it is partitioned.
 
     run_passes(gm, ctx, observer)   stream stamps → cleanup → shapes → bucket_shapes →
-                                    fuse_attention → fuse_matmuls → annotate_sharding
+                                    fuse_attention → fuse_matmuls → fuse_norms →
+                                    annotate_sharding
 
 Each pass is `fn(gm, ctx) -> gm`: it reads the PassContext, counts what it rewrote in
 `ctx.rewrites`, and keeps `node.meta["val"]` true for the nodes it leaves or creates. After each
@@ -31,7 +32,15 @@ from typing import Any
 import torch
 
 from ..exc import OptionError
-from . import annotate_sharding, bucket_shapes, cleanup, fuse_attention, fuse_matmuls, shapes
+from . import (
+    annotate_sharding,
+    bucket_shapes,
+    cleanup,
+    fuse_attention,
+    fuse_matmuls,
+    fuse_norms,
+    shapes,
+)
 from .context import PassContext
 
 log = logging.getLogger(__name__)
@@ -55,6 +64,8 @@ PASSES: tuple[Pass, ...] = (
     Pass("fuse_attention", fuse_attention.run, reads=("fusion",)),
     # after attention, whose patterns read the projections' views, not their splits
     Pass("fuse_matmuls", fuse_matmuls.run, reads=("fusion",)),
+    # after bucketing, which has no rule for the op it makes
+    Pass("fuse_norms", fuse_norms.run, reads=("fusion",)),
     # last: it reads the graph's inputs and outputs as the lowering will see them
     Pass("annotate_sharding", annotate_sharding.run),
 )

@@ -62,6 +62,8 @@ class FusionOptions:
     become one `tpu_inductor::attention` op; masks built as a causal tril become its causal
     flag, K/V repeated for grouped-query attention are read unrepeated. `matmuls`: matmuls
     that share an input become one against the others concatenated, its result split.
+    `norms`: a written-out RMSNorm or LayerNorm becomes one `tpu_inductor::norm` op,
+    accumulating in float32 for 16-bit inputs.
     """
 
     # off: on this machine the isolated attention forms ran 1.2-1.6x slower fused, whole
@@ -72,6 +74,9 @@ class FusionOptions:
     # the weights concatenated in the graph, split after (passes/fuse_matmuls.py). Off: within
     # the noise here, and the concatenated weights are copied per call (README "Matmul merging")
     matmuls: bool = False
+    # written-out RMSNorm / LayerNorm → one op (passes/fuse_norms.py). Off: XLA fuses the
+    # unfused chain as well on this CPU (README "Norm fusion"); its value is one op for the TPU
+    norms: bool = False
 
 
 # torch.compile's modes, all accepted; on XLA they compile the same program. "reduce-overhead"
