@@ -179,6 +179,39 @@ def _llama():
     return model.eval(), _token_ids(config.vocab_size)
 
 
+def _qwen3_moe_decoder():
+    """Qwen3-MoE from a small config, d128 L4, 4 experts with 2 per token, running its default
+    experts (transformers' grouped_mm_fallback op in float32, lowered to a ragged dot)."""
+    import transformers
+
+    config = transformers.Qwen3MoeConfig(
+        num_hidden_layers=4,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=_SEQ,
+        use_cache=False,
+        attn_implementation="sdpa",
+        **_HF_SIZE,
+    )
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def _qwen3_moe():
+    model = _qwen3_moe_decoder()
+    return model, _token_ids(model.config.vocab_size)
+
+
+def _moe_layer():
+    layer = _qwen3_moe_decoder().model.layers[0].mlp  # router, top-k and the 4 experts
+    return layer, (torch.randn(_BATCH, _SEQ, layer.gate.weight.shape[-1]),)
+
+
 class _OneOp(nn.Module):
     def forward(self, x):
         return x + 1
@@ -202,6 +235,12 @@ BUILTINS: dict[str, ModelSpec] = {
         ModelSpec("gpt2", _gpt2, "HF GPT-2 from config, d256 L4, 4x128"),
         ModelSpec("bert", _bert, "HF BERT from config, d256 L4, 4x128"),
         ModelSpec("llama", _llama, "HF Llama from config, d256 L4 GQA, 4x128"),
+        ModelSpec(
+            "moe-layer", _moe_layer, "Qwen3-MoE's sparse MoE block, d128 4 experts top-2, 4x128"
+        ),
+        ModelSpec(
+            "qwen3-moe", _qwen3_moe, "HF Qwen3-MoE from config, d128 L4 4 experts top-2, 4x128"
+        ),
         ModelSpec("overhead-1op", _overhead_1op, "x + 1 on 8 floats", kind="overhead"),
         ModelSpec(
             "overhead-100param", _overhead_100param, "50 Linear(4,4): 100 params", kind="overhead"

@@ -40,7 +40,11 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
         ),
     },
     "chalf": {
-        "float32": ("unsupported", "no lowering rule yet for aten._to_copy.default"),
+        "float32": (
+            "unsupported",
+            "no lowering rule yet for aten._to_copy.default to complex32: jax and XLA have no "
+            "complex32 (ComplexHalf) type to compute or return it in",
+        ),
     },
     "combinations": {
         "float32": (
