@@ -269,3 +269,22 @@ def test_a_bad_count_says_what_it_wants(capsys):
         cli.main(["bench", "--runs", "abc"])
     assert exit.value.code == 2
     assert "argument --runs: must be a positive integer, got 'abc'" in capsys.readouterr().err
+
+
+def test_moe_cases_compile_whole_and_train():
+    """The MoE layer and the Qwen3-MoE decoder, inference and a training step: tpu_inductor
+    compiles each as one graph (forward and backward for a step) and infers as eager does."""
+    settings = bench.Settings(
+        models=("moe-layer", "qwen3-moe"), modes=("eager", "tpu_inductor"), runs=1, warmup=1,
+        train=True, peak_size=64, cold=False,
+    )  # fmt: skip
+    report = bench.run(settings)
+    cases = {(c["model"], c["task"]): c for c in report["cases"]}
+    assert set(cases) == {(m, t) for m in settings.models for t in ("inference", "train")}
+    for (model, task), case in cases.items():
+        ours = case["modes"]["tpu_inductor"]
+        assert "error" not in case and "error" not in ours, (model, task, case)
+        assert ours["compiled_graphs"] == (1 if task == "inference" else 2), (model, task)
+        assert ours["median_s"] > 0 and case["modes"]["eager"]["median_s"] > 0
+        if task == "inference":
+            assert ours["max_abs_err"] < 1e-4, (model, ours["max_abs_err"])
