@@ -271,6 +271,32 @@ def test_a_bad_count_says_what_it_wants(capsys):
     assert "argument --runs: must be a positive integer, got 'abc'" in capsys.readouterr().err
 
 
+def test_shapes_cases_run_bench_shapes_workloads(tmp_path, capsys):
+    """`tpu-inductor bench shapes-train` is bench-shapes' train workload: one report, the
+    modes asked (the compiles counted, the padded share of a bucketing policy)."""
+    path = tmp_path / "shapes.json"
+    argv = ["bench", "shapes-train", "--steps", "2", "--max-length", "8", "--modes", "pow2"]
+    assert cli.main([*argv, "--json", str(path)]) == 0
+    (run,) = json.loads(path.read_text())["runs"]
+    assert (run["workload"], run["model"], run["mode"]) == ("train", "gpt2", "pow2")
+    assert run["compiles"] >= 1 and run["padded_share"] is not None
+    assert "| train | gpt2 | pow2 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["shapes-train", "mlp"], "bench: the shapes cases \\['shapes-train'\\] run apart from "
+         "models; give \\['mlp'\\] in another"),
+        (["shapes-generate", "--modes", "eager"], "--modes 'eager': shapes cases take modes of "
+         "\\('exact', 'pow2', 'auto', 'inductor'\\)"),
+    ],
+)  # fmt: skip
+def test_a_shapes_case_error_is_one_line_naming_it(capsys, argv, message):
+    assert cli.main(["bench", *argv]) == 2
+    assert re.fullmatch(message + ".*", capsys.readouterr().err.strip()), message
+
+
 def test_moe_cases_compile_whole_and_train():
     """The MoE layer and the Qwen3-MoE decoder, inference and a training step: tpu_inductor
     compiles each as one graph (forward and backward for a step) and infers as eager does."""

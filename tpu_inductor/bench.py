@@ -627,6 +627,8 @@ def add_subcommands(commands) -> None:
     """Add `tpu-inductor bench` to the CLI."""
     import argparse
 
+    from . import bench_shapes
+
     parser = commands.add_parser(
         "bench",
         help="benchmark eager, Inductor and tpu_inductor on built-in or your own models",
@@ -637,9 +639,10 @@ def add_subcommands(commands) -> None:
         "models",
         nargs="*",
         metavar="MODEL",
-        help="built-in names (see --list) or module:factory; default: the standard set",
+        help="built-in names (see --list), module:factory, or shapes cases (shapes-generate, "
+        "shapes-train, shapes-precompile: bench-shapes' workloads); default: the standard set",
     )
-    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated (default: all)")
+    parser.add_argument("--modes", help=f"comma-separated (default: all, {','.join(MODES)})")
     parser.add_argument("--runs", type=_positive, default=10, help="timed samples per mode")
     parser.add_argument("--warmup", type=_positive, default=2, help="warm-up calls per mode")
     parser.add_argument("--train", action="store_true", help="also time a training step")
@@ -654,6 +657,7 @@ def add_subcommands(commands) -> None:
     parser.add_argument("--markdown", metavar="F", help="also write the markdown table to F")
     parser.add_argument("--plot", metavar="F.png", help="write speedup bars (needs matplotlib)")
     parser.add_argument("--list", action="store_true", help="list the built-in models and exit")
+    bench_shapes.add_arguments(parser)
     parser.set_defaults(run=_main)
 
 
@@ -682,14 +686,20 @@ def write_outputs(report: dict, text: str, json_path: str | None, markdown_path:
 
 
 def _main(args) -> int:
+    from . import bench_shapes
 
     if args.list:
         for spec in bench_models.BUILTINS.values():
             print(f"{spec.name:20} {spec.kind:9} {spec.description}")
+        for case, workload in bench_shapes.CASES.items():
+            print(f"{case:20} {'shapes':9} bench-shapes' {workload} workload, per shape policy")
         return 0
+    shapes_workloads = bench_shapes.workloads_of(args.models)
+    if shapes_workloads:
+        return bench_shapes.main(args, shapes_workloads)
     settings = Settings(
         models=tuple(args.models) or bench_models.STANDARD_SET,
-        modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
+        modes=tuple(m.strip() for m in (args.modes or ",".join(MODES)).split(",") if m.strip()),
         runs=args.runs,
         warmup=args.warmup,
         train=args.train,

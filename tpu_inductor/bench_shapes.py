@@ -1,10 +1,11 @@
 """`tpu-inductor bench-shapes`: what shape bucketing saves where sizes vary, per policy.
 
-Two workloads on a small GPT-2 built from a config (random weights, seeded):
+Workloads on small models built from configs (random weights, seeded):
 
-- generate: `generate()` with the dynamic KV cache, four prompts x `--new-tokens` new tokens;
-  the tokens must equal eager's.
-- train: a training run of `--steps` steps at random lengths in 1..`--max-length` (batch 2).
+- generate: `generate()` with the dynamic KV cache on GPT-2 and on Llama (GQA), four prompts x
+  `--new-tokens` new tokens; the tokens must equal eager's.
+- train: a training run of GPT-2, `--steps` steps at random lengths in 1..`--max-length`
+  (batch 2).
 - precompile: `tpu_inductor.precompile` of every pow2 bucket 16..`--max-length` of a larger
   GPT-2 (4 layers, 128 wide; inference), with 1 and with `--workers` compile threads: the
   warm-up's seconds (Dynamo's trace included) and compiles.
@@ -20,6 +21,7 @@ machine's load is reported beside them.
 
 from __future__ import annotations
 
+import functools
 import random
 import tempfile
 import time
@@ -30,9 +32,10 @@ import torch
 from . import bucketing, cache, runtime
 from .bench import CpuLoad, write_outputs
 from .bucketing import precompile
-from .exc import OptionError
+from .exc import BenchError, OptionError
 
 POLICIES = ("exact", "pow2", "auto")
+MODES = (*POLICIES, "inductor")
 WORKLOADS = ("generate", "train", "precompile")
 
 
@@ -56,6 +59,30 @@ def _gpt2(max_length: int, layers: int = 2, width: int = 64):
     model.loss_type = "ForCausalLM"
     model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, None
     return model
+
+
+def _llama(max_length: int):
+    """A Llama of 2 layers, 64 wide, grouped-query attention (4 query / 2 KV heads)."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=max(2 * max_length, 128),
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    model = transformers.LlamaForCausalLM(config)
+    model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, None
+    return model
+
+
+GENERATE_MODELS = {"gpt2": _gpt2, "llama": _llama}
 
 
 def _compiler(mode: str, plan: str | None):
@@ -83,9 +110,9 @@ def _fresh() -> None:
     cache.memory_cache.clear()
 
 
-def _generate(mode, plan, prompts, new_tokens, expected):
+def _generate(model_name, mode, plan, prompts, new_tokens, expected):
     _fresh()
-    model = _gpt2(128).eval()
+    model = GENERATE_MODELS[model_name](128).eval()
     model.forward = torch.compile(model.forward, **_compiler(mode, plan))
     start, before = time.perf_counter(), _counted(mode)
     same = True
@@ -141,7 +168,7 @@ def run(
     steps: int,
     max_length: int,
     new_tokens: int,
-    modes=(*POLICIES, "inductor"),
+    modes=MODES,
     workloads=WORKLOADS,
     workers: int = 4,
 ) -> dict:
@@ -153,8 +180,12 @@ def run(
         torch.randint(1, 256, (1, n), generator=torch.Generator().manual_seed(n))
         for n in prompt_lengths
     ]
-    reference = _gpt2(128).eval()
-    expected = [reference.generate(p, max_new_tokens=new_tokens, do_sample=False) for p in prompts]
+    expected = {}  # per model, eager's tokens per prompt
+    for name, build in GENERATE_MODELS.items() if "generate" in workloads else ():
+        reference = build(128).eval()
+        expected[name] = [
+            reference.generate(p, max_new_tokens=new_tokens, do_sample=False) for p in prompts
+        ]
     report = {"steps": steps, "max_length": max_length, "new_tokens": new_tokens, "runs": []}
     from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
@@ -165,13 +196,21 @@ def run(
         functorch_config.patch(enable_autograd_cache=False),
         CpuLoad() as load,
     ):  # every mode compiles what it runs: no cache of an earlier run
-        for workload, fn in (
-            ("generate", lambda m, p: _generate(m, p, prompts, new_tokens, expected)),
-            ("train", lambda m, p: _train(m, p, lengths)),
-        ):
+        runs = [
+            (
+                "generate",
+                name,
+                functools.partial(
+                    _generate, name, prompts=prompts, new_tokens=new_tokens, expected=want
+                ),
+            )
+            for name, want in expected.items()
+        ]
+        runs.append(("train", "gpt2", lambda m, p: _train(m, p, lengths)))
+        for workload, model, fn in runs:
             if workload not in workloads:
                 continue
-            plan = str(Path(folder) / f"{workload}.plan.json")
+            plan = str(Path(folder) / f"{workload}-{model}.plan.json")
             for mode in modes:
                 if mode == "auto":  # an earlier run saw the sizes and saved its plan
                     fn(mode, plan)
@@ -181,6 +220,7 @@ def run(
                 report["runs"].append(
                     {
                         "workload": workload,
+                        "model": model,
                         "mode": mode,
                         "compiles": compiles,
                         "seconds": round(seconds, 2),
@@ -197,14 +237,14 @@ def run(
 def markdown(report: dict) -> str:
     """The report's tables (each workload run; the precompile runs) and the machine's load."""
     runs = [
-        "| workload | mode | compiles | seconds | padded share | same tokens |",
-        "|---|---|---|---|---|---|",
+        "| workload | model | mode | compiles | seconds | padded share | same tokens |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in report["runs"]:
         share = "" if r["padded_share"] is None else f"{100 * r['padded_share']:.1f}%"
         same = "" if r["same_tokens"] is None else str(r["same_tokens"])
         runs.append(
-            f"| {r['workload']} | {r['mode']} | {r['compiles']} | {r['seconds']} "
+            f"| {r['workload']} | {r['model']} | {r['mode']} | {r['compiles']} | {r['seconds']} "
             f"| {share} | {same} |"
         )
     warm = ["| precompile workers | buckets | compiles | seconds |", "|---|---|---|---|"]
@@ -214,18 +254,41 @@ def markdown(report: dict) -> str:
     return "\n\n".join(map("\n".join, tables)) + f"\n\nmachine load: {report['machine_load']}\n"
 
 
+CASES = {f"shapes-{w}": w for w in WORKLOADS}  # `tpu-inductor bench shapes-train`, ...
+
+
+def workloads_of(names) -> tuple[str, ...]:
+    """The workloads that `tpu-inductor bench` case names ask (`shapes-train` → train); none
+    when no name is a shapes case. Shapes cases run apart from models: mixed, a BenchError."""
+    workloads = tuple(CASES[n] for n in names if n in CASES)
+    others = [n for n in names if n not in CASES]
+    if workloads and others:
+        raise BenchError(
+            f"bench: the shapes cases {[n for n in names if n in CASES]} run apart from models; "
+            f"give {others} in another `tpu-inductor bench` run"
+        )
+    return workloads
+
+
+def add_arguments(parser) -> None:
+    """The options of the shapes workloads, on `bench-shapes` and on `bench`."""
+    group = parser.add_argument_group("shapes cases (bench-shapes, bench shapes-*)")
+    group.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
+    group.add_argument("--max-length", type=int, default=512, help="longest length (512)")
+    group.add_argument("--new-tokens", type=int, default=32, help="generated tokens (32)")
+    group.add_argument("--workers", type=int, default=4, help="precompile threads (4)")
+
+
 def add_subcommands(commands) -> None:
-    """Add `tpu-inductor bench-shapes` to the CLI."""
+    """Add `tpu-inductor bench-shapes` to the CLI (also `tpu-inductor bench shapes-*`)."""
     parser = commands.add_parser(
         "bench-shapes", help="compiles and time per shape policy", description=__doc__
     )
-    parser.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
-    parser.add_argument("--max-length", type=int, default=512, help="longest length (512)")
-    parser.add_argument("--new-tokens", type=int, default=32, help="generated tokens (32)")
     parser.add_argument(
         "--workloads", default=",".join(WORKLOADS), help=f"of {','.join(WORKLOADS)} (all)"
     )
-    parser.add_argument("--workers", type=int, default=4, help="precompile threads (4)")
+    parser.add_argument("--modes", help=f"of {','.join(MODES)} (all)")
+    add_arguments(parser)
     parser.add_argument("--json", metavar="F", help="write the report as JSON")
     parser.add_argument("--markdown", metavar="F", help="write the table as markdown")
     parser.set_defaults(run=_main)
@@ -236,8 +299,17 @@ def _main(args) -> int:
     unknown = set(workloads) - set(WORKLOADS)
     if unknown:
         raise OptionError(f"bench-shapes --workloads: {sorted(unknown)}: not of {WORKLOADS}")
+    return main(args, workloads)
+
+
+def main(args, workloads: tuple[str, ...]) -> int:
+    """Run `workloads` with the options in `args` (of bench-shapes or bench); print the table."""
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip()) if args.modes else MODES
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown or not modes:
+        raise OptionError(f"--modes {args.modes!r}: shapes cases take modes of {MODES}")
     report = run(
-        args.steps, args.max_length, args.new_tokens, workloads=workloads, workers=args.workers
+        args.steps, args.max_length, args.new_tokens, modes, workloads, workers=args.workers
     )
     write_outputs(report, markdown(report), args.json, args.markdown)
     return 0
