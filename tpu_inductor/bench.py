@@ -18,6 +18,9 @@ warm-up and samples (from /proc), flagged when it exceeds 10% of the machine.
 
 A training step is forward + backward + AdamW; the optimizer step runs in eager torch in every
 mode, each mode on its own copy of the model.
+
+The shapes cases (`shapes-generate`, `shapes-train`, `shapes-precompile`) run bench_shapes'
+workloads instead: compiles, seconds and padded share per shape policy and Inductor.
 """
 
 from __future__ import annotations
