@@ -33,13 +33,18 @@ from tests import hf_zoo  # noqa: E402
 from tpu_inductor import aot, cache, runtime  # noqa: E402
 
 
-def tpu_kernel_choices(name: str, size: hf_zoo.Size) -> dict[str, int]:
-    """The attention choices of `name`'s TPU lowering with fusion on."""
+def tpu_kernel_choices(
+    name: str, size: hf_zoo.Size, attn: str | None = None, options: dict | None = None
+) -> dict[str, int]:
+    """The attention choices of `name`'s TPU lowering (inference; the `attn` implementation if
+    given) under the compile `options`, by default attention fusion on."""
     model, _ = hf_zoo.build(name, size)
     model.config.use_cache = False
+    if attn:
+        model.set_attn_implementation(attn)
     before = collections.Counter(attention_kernels.counters)
     inputs = [aot.parse_input(f"input_ids:int64[{size.batch},{size.seq}]")]
-    options = {"fusion": {"attention": True}, "cache": False}
+    options = options or {"fusion": {"attention": True}, "cache": False}
     with tempfile.TemporaryDirectory() as out:
         aot.compile_model(model, inputs, Path(out) / "artifact", platform="tpu", options=options)
     return dict(attention_kernels.counters - before)

@@ -3,7 +3,7 @@ executables' temporaries (PJRT's compiled memory stats), per form or model and l
 
     .venv/bin/python tools/bench_fuse_attention.py [--lengths 512,2048] [--repeat 5]
     .venv/bin/python tools/bench_fuse_attention.py --models llama,gpt2,bert,mixtral \
-        [--attn sdpa,eager] [--lengths 512,4096]
+        [--attn sdpa,eager] [--lengths 512,4096] [--hidden 256 --heads 2]
     .venv/bin/python tools/bench_fuse_attention.py --fusion matmuls --models llama,gpt2,bert \
         --attn sdpa [--train] [--hidden 512]
     .venv/bin/python tools/bench_fuse_attention.py --fusion matmuls --hidden 2048 --lengths 1,512
@@ -11,8 +11,11 @@ executables' temporaries (PJRT's compiled memory stats), per form or model and l
 Forms: Hugging Face Llama's eager attention (GQA 8 query / 2 KV heads by repeat_kv, a causal
 float bias built in the graph, softmax in float32), the same with a padding mask given, and
 SDPA with repeated K/V. Models: tests/hf_zoo.py's, at `MODEL_SIZE` (d128, 2 layers, 8 heads,
-GQA 8/4 for the decoders, batch 1; `--hidden` changes the width), inference or with `--train`
-a training step (forward and backward of the loss), with each `--attn` implementation.
+GQA 8/4 for the decoders, batch 1; `--hidden` and `--heads` change them), inference or with
+`--train` a training step (forward and backward of the loss), with each `--attn`
+implementation; `kernels`: the attentions the TPU lowering of the same model and options runs
+as kernels, of those it lowered as the attention op (tools/bench_attention_kernels.py's
+`tpu_kernel_choices`, inference; Splash needs head dims and lengths in multiples of 128).
 `--fusion` is the option switched: `attention` (`fused` counts the attentions rewritten to the
 op) or `matmuls` (passes/fuse_matmuls.py; `fused` counts the matmuls merged; its forms are
 Q/K/V projections of `--hidden` features against three weights, and against one made outside
@@ -39,6 +42,7 @@ from tpu_inductor.passes import pipeline  # noqa: E402
 
 from tests import hf_zoo  # noqa: E402
 from tests.attention_forms import _repeat_kv, _tril  # noqa: E402
+from tools.bench_attention_kernels import tpu_kernel_choices  # noqa: E402
 from tpu_inductor import cache, runtime  # noqa: E402
 
 HEADS, KV_HEADS, DIM = 8, 2, 64
@@ -150,27 +154,36 @@ def measure_projections(fn, length: int, fuse: bool, repeat: int, *, hidden) -> 
     return _timed(lambda: compiled(x, *w), repeat, "matmuls")
 
 
-MODEL_SIZE = dict(layers=2, heads=8, batch=1)
+MODEL_SIZE = dict(layers=2, batch=1)
 
 
 def measure_model(
-    name: str, attn: str, length: int, fuse: bool, repeat: int, *, fusion, train, hidden
+    name: str, attn: str, length: int, fuse: bool, repeat: int, *, fusion, train, hidden, heads
 ) -> dict:
-    model, kwargs = hf_zoo.build(name, hf_zoo.Size(**MODEL_SIZE, hidden=hidden, seq=length))
+    size = hf_zoo.Size(**MODEL_SIZE, heads=heads, hidden=hidden, seq=length)
+    model, kwargs = hf_zoo.build(name, size)
     model.set_attn_implementation(attn)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="tpu_inductor", options=_options(fuse, fusion))
     if train:
         kwargs = {**kwargs, "labels": kwargs["input_ids"]}
-        return _timed(lambda: compiled(**kwargs).loss.backward(), repeat, fusion, train)
-    return _timed(lambda: compiled(**kwargs), repeat, fusion)
+        result = _timed(lambda: compiled(**kwargs).loss.backward(), repeat, fusion, train)
+    else:
+        result = _timed(lambda: compiled(**kwargs), repeat, fusion)
+    choices = tpu_kernel_choices(name, size, attn, _options(fuse, fusion))
+    result["kernels"] = (
+        sum(n for key, n in choices.items() if key.startswith("tpu.") and ":" not in key),
+        sum(choices.values()),
+    )
+    return result
 
 
 def _row(label: str, length: int, fuse: bool, r: dict) -> str:
+    kernels = "{}/{}".format(*r["kernels"]) if "kernels" in r else ""
     return (
         f"{label:20} {length:6} {'on' if fuse else 'off':6} {r['compile_s']:9.2f} "
         f"{r['step_ms']:8.1f} {r['best_ms']:8.1f} {r['temp_mib']:9.1f} {r['fused']:5} "
-        f"{r['executables']:5}"
+        f"{r['executables']:5} {kernels:>7}"
     )
 
 
@@ -186,6 +199,7 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--train", action="store_true", help="with --models: a training step")
     parser.add_argument("--hidden", type=int, default=128, help="with --models")
+    parser.add_argument("--heads", type=int, default=8, help="with --models")
     args = parser.parse_args(argv)
     runtime.compile_stablehlo = _recording_compile
     lengths = [int(n) for n in args.lengths.split(",")]
@@ -200,6 +214,7 @@ def main(argv=None) -> None:
                     fusion=args.fusion,
                     train=args.train,
                     hidden=args.hidden,
+                    heads=args.heads,
                 ),
             )
             for name in args.models.split(",")
@@ -215,7 +230,10 @@ def main(argv=None) -> None:
         forms = (args.forms or ",".join(FORMS)).split(",")
         configs = [(name, functools.partial(measure, FORMS[name])) for name in forms]
     torch.compile(torch.neg, backend="tpu_inductor", options=_options(False))(torch.ones(2))
-    print("config               length fusion  compile_s  step_ms  best_ms  temp_MiB fused execs")
+    print(
+        "config               length fusion  compile_s  step_ms  best_ms  temp_MiB fused execs"
+        + (" kernels" if args.models else "")
+    )
     for label, run in configs:
         for length in lengths:
             for fuse in (False, True):
