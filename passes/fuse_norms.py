@@ -97,7 +97,12 @@ def _row_mean(node) -> bool:
     return _over_last(node, node.args[1], node.kwargs.get("keepdim", node.args[2:3] == (True,)))
 
 
-def _number(c) -> bool:
+def _eps(c) -> bool:
+    """A number, or a 0-d floating-point tensor (a float attribute Dynamo passes in at
+    symbolic sizes)."""
+    if isinstance(c, torch.fx.Node):
+        val = c.meta.get("val")
+        return isinstance(val, torch.Tensor) and val.dim() == 0 and val.dtype.is_floating_point
     return isinstance(c, (int, float)) and not isinstance(c, bool)
 
 
@@ -144,10 +149,10 @@ def _match(v: torch.fx.Node):
     if found is None:
         return None
     base, mu, chain = found
-    add = _user(v, _ADDS, lambda u: u.args[0] is v and _number(u.args[1]) and not u.kwargs)
+    add = _user(v, _ADDS, lambda u: u.args[0] is v and _eps(u.args[1]) and not u.kwargs)
     if add is None:
         return None
-    eps = float(add.args[1])
+    eps = add.args[1]
     s = _user(add, (aten.rsqrt.default, aten.sqrt.default), lambda u: True)
     if s is None:
         return None
@@ -204,10 +209,15 @@ def _affine(node, target, base, chain):
 def _fuse(match, op, ctx: PassContext, order: dict) -> None:
     base, mu, s, weight, bias, eps, divide, normed, final, chain = match
     members = sorted(set(chain) | ({mu} if mu is not None else set()), key=order.__getitem__)
+    if not isinstance(eps, torch.fx.Node):  # the op's eps is a 0-d tensor
+        acc = torch.promote_types(base.meta["val"].dtype, torch.float32)
+        eps = _insert(members[0], aten.scalar_tensor.default, (eps,), {"dtype": acc})
     args = (base, weight, bias, eps, mu is not None, divide, normed)
     fused = _insert(members[0], op, args)
     if fused.meta["val"][0].dtype != final.meta["val"].dtype:  # a promotion the op differs in
         fused.graph.erase_node(fused)
+        if eps.op == "call_function" and not eps.users and eps.target is aten.scalar_tensor.default:
+            eps.graph.erase_node(eps)
         return
     for old, index in ((final, 0), (s, 2), (mu, 1)):
         readers = [] if old is None else [u for u in old.users if u not in members]

@@ -15,7 +15,8 @@ Over the last dim of x, in float32 for 16-bit floats (float64 inputs: float64):
 its backward (the pass hands them to the backward graph in place of the nodes that computed
 them). `divide` keeps a `/ sqrt` norm's own arithmetic, so the op is what the graph computed.
 `normed_dtype` is the dtype of h as the graph had it before the weight: Hugging Face's
-`.to(input_dtype)`, or the input's own for a norm written without casts.
+`.to(input_dtype)`, or the input's own for a norm written without casts. `eps` is a 0-d tensor:
+at symbolic sizes Dynamo passes a module's float attribute in as a graph input.
 
 The eager CPU kernel below is the reference math; the compiled form is the lowering rule
 (lowering/ops/norm.py). No autograd: the op appears only in AOTAutograd's graphs, after the
@@ -38,7 +39,7 @@ def norm(
     x: torch.Tensor,
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
-    eps: float,
+    eps: torch.Tensor,
     centered: bool,
     divide: bool,
     normed_dtype: torch.dtype,
@@ -46,7 +47,7 @@ def norm(
     xa = x.to(_acc(x.dtype))
     mean = xa.mean(-1, keepdim=True) if centered else xa.new_zeros((*x.shape[:-1], 1))
     centered_x = xa - mean if centered else xa
-    var = (centered_x * centered_x).mean(-1, keepdim=True) + eps
+    var = (centered_x * centered_x).mean(-1, keepdim=True) + eps.to(xa.dtype)
     scale = torch.sqrt(var) if divide else torch.rsqrt(var)
     h = (centered_x / scale if divide else centered_x * scale).to(normed_dtype)
     out = h if weight is None else h * weight

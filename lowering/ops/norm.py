@@ -26,7 +26,7 @@ def norm(ctx, x, weight, bias, eps, centered, divide, normed_dtype):
         xa = xa - mean
     else:
         mean = jnp.zeros((*x.shape[:-1], 1), xa.dtype)
-    var = jnp.mean(xa * xa, axis=-1, keepdims=True) + jnp.asarray(eps, xa.dtype)
+    var = jnp.mean(xa * xa, axis=-1, keepdims=True) + eps.astype(xa.dtype)
     scale = jnp.sqrt(var) if divide else lax.rsqrt(var)
     h = (xa / scale if divide else xa * scale).astype(ctx.jax_dtype(normed_dtype))
     out = h if weight is None else h * weight

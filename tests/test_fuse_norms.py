@@ -1,0 +1,221 @@
+"""The norm fusion (passes/fuse_norms.py): written-out RMSNorm and LayerNorm → `tpu_inductor::norm`.
+
+Float32: the forward and every gradient of a training step equal the unfused compile's (1e-6)
+and eager torch's, for Hugging Face's Llama (LlamaRMSNorm) and T5 (T5LayerNorm), and for
+LayerNorms written by hand (`var`, or `(x - m) ** 2` with a `/ sqrt`); BERT's nn.LayerNorm is an
+ATen op already and is left alone. Bfloat16: the fused results are no further from float64
+than eager torch's; a norm written without casts (float32 statistics fused, bfloat16 steps
+unfused) equals the unfused compile to bfloat16 rounding: 2 ulps (rtol = atol = 2**-6, ulp
+≤ |x| * 2**-7 for bfloat16's 8 significant bits; h, once rounded fused, is rounded after each
+of squares, mean, eps and rsqrt unfused, which moves the last bit of y by 1-2 ulps).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+from tpu_inductor.passes import pipeline
+
+from tests import hf_zoo
+from tests.helpers import assert_same, grads_of
+from tpu_inductor import report
+
+
+def _rewrites_since(before: collections.Counter) -> dict[str, int]:
+    return {
+        key.removeprefix("fuse_norms."): count - before[key]
+        for key, count in pipeline.counters.items()
+        if key.startswith("fuse_norms.") and count > before[key]
+    }
+
+
+def _options(fuse: bool) -> dict:
+    return {"cache": False, "fallback": "error", "fusion": {"norms": fuse}}
+
+
+class HandLayerNorm(torch.nn.Module):
+    """A LayerNorm written out: `var` and rsqrt, or `(x - m) ** 2` and a division by sqrt."""
+
+    def __init__(self, features: int, form: str, cast: bool = False):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(features, generator=g))
+        self.bias = torch.nn.Parameter(0.1 * torch.randn(features, generator=g))
+        self.form, self.cast = form, cast
+
+    def forward(self, x):
+        h = x.float() if self.cast else x
+        m = h.mean(-1, keepdim=True)
+        if self.form == "var":
+            h = (h - m) * torch.rsqrt(h.var(-1, keepdim=True, unbiased=False) + 1e-5)
+        else:
+            h = (h - m) / torch.sqrt((h - m).pow(2).mean(-1, keepdim=True) + 1e-5)
+        return self.weight * h.to(x.dtype) + self.bias
+
+
+class HandRMSNorm(torch.nn.Module):
+    """An RMSNorm written without casts (in bfloat16, every step rounds unfused)."""
+
+    def __init__(self, features: int):
+        super().__init__()
+        g = torch.Generator().manual_seed(4)
+        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(features, generator=g))
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6))
+
+
+def _module_step(module: torch.nn.Module, x: torch.Tensor, options: dict | None):
+    """(output, grads of x and parameters, rewrites) of one step of `module` on `x`: compiled
+    with `options`, or eager for None. The loss weighs each output so no gradient is trivial."""
+    x = x.detach().requires_grad_()
+    module.zero_grad()
+    before = collections.Counter(pipeline.counters)
+    torch._dynamo.reset()
+    run = module if options is None else torch.compile(module, backend="tpu_inductor", **options)
+    y = run(x)
+    weights = torch.linspace(-1, 1, y.numel(), dtype=torch.float64).reshape(y.shape)
+    (y.double() * weights).sum().backward()
+    grads = {"x": x.grad, **{n: p.grad for n, p in module.named_parameters()}}
+    return y.detach(), grads, _rewrites_since(before)
+
+
+HAND = {
+    "layer_norm_var": lambda d: HandLayerNorm(d, "var"),
+    "layer_norm_sqrt": lambda d: HandLayerNorm(d, "sqrt"),
+    "layer_norm_cast": lambda d: HandLayerNorm(d, "var", cast=True),
+    "rms_norm": HandRMSNorm,
+}
+
+
+@pytest.mark.parametrize("name", sorted(HAND))
+def test_hand_written_float32_equals_unfused_and_eager(name):
+    module = HAND[name](24)
+    x = torch.randn(3, 7, 24, generator=torch.Generator().manual_seed(5)) * 2 + 0.5
+    fused, fused_grads, rewrites = _module_step(module, x, {"options": _options(True)})
+    unfused, unfused_grads, off = _module_step(module, x, {"options": _options(False)})
+    kind = "rms_norm" if name == "rms_norm" else "layer_norm"
+    assert rewrites == {kind: 1} and off == {}, rewrites
+    assert_same(fused, unfused, rtol=1e-6, atol=1e-6)
+    assert_same(fused_grads, unfused_grads, rtol=1e-6, atol=1e-6)
+    eager, eager_grads, _ = _module_step(module, x, None)
+    assert_same(fused, eager)
+    assert_same(fused_grads, eager_grads)
+
+
+def _error(t: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((t.double() - reference).norm() / reference.norm()).item()
+
+
+@pytest.mark.parametrize("name", sorted(HAND))
+def test_hand_written_bfloat16_no_less_accurate_than_eager(name):
+    """Against the float64 module: the fused step's output and gradients no further than eager
+    torch's in bfloat16; the output equal to the unfused compile to bfloat16 rounding."""
+    x = torch.randn(3, 7, 24, generator=torch.Generator().manual_seed(6)) * 2 + 0.5
+    module = HAND[name](24)
+    exact, exact_grads, _ = _module_step(module.double(), x.double(), None)
+    module = module.bfloat16()
+    x = x.bfloat16()
+    fused, fused_grads, rewrites = _module_step(module, x, {"options": _options(True)})
+    unfused, _, _ = _module_step(module, x, {"options": _options(False)})
+    eager, eager_grads, _ = _module_step(module, x, None)
+    assert sum(rewrites.values()) == 1, rewrites
+    assert _error(fused, exact) <= _error(eager, exact) * 1.05
+    for key, grad in fused_grads.items():
+        assert _error(grad, exact_grads[key]) <= _error(eager_grads[key], exact_grads[key]) * 1.05
+    assert_same(fused, unfused, rtol=2**-6, atol=2**-6)
+
+
+def _train_step(name: str, options: dict, dtype=torch.float32):
+    model, kwargs = hf_zoo.build(name)
+    model = model.to(dtype)
+    torch._dynamo.reset()
+    before = collections.Counter(pipeline.counters)
+    compiled = torch.compile(model, backend="tpu_inductor", options=options)
+    labels = kwargs.get("decoder_input_ids", kwargs["input_ids"])
+    out = compiled(**kwargs, labels=labels)
+    grads = grads_of(model, out.loss)
+    return (out.logits.detach(), out.loss.detach()), grads, _rewrites_since(before)
+
+
+# model -> RMSNorms in the forward of hf_zoo's two layers: Llama two per layer and the final
+# one; T5 three per decoder layer, two per encoder layer, a final one each; BERT's are
+# nn.LayerNorm (native_layer_norm, one ATen op already): none
+EXPECTED = {"llama": 5, "t5": 12, "bert": 0}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_training_step_equals_unfused_and_eager(name):
+    fused, fused_grads, rewrites = _train_step(name, _options(True))
+    unfused, unfused_grads, off = _train_step(name, _options(False))
+    assert off == {}
+    assert rewrites == ({"rms_norm": EXPECTED[name]} if EXPECTED[name] else {}), rewrites
+    assert_same(fused, unfused, rtol=1e-6, atol=1e-6)
+    assert fused_grads.keys() == unfused_grads.keys()
+    assert_same(fused_grads, unfused_grads, rtol=1e-6, atol=1e-6)
+    model, kwargs = hf_zoo.build(name)
+    eager = model(**kwargs, labels=kwargs.get("decoder_input_ids", kwargs["input_ids"]))
+    assert_same(fused, (eager.logits.detach(), eager.loss.detach()))
+    assert_same(fused_grads, grads_of(model, eager.loss))
+
+
+def test_llama_bfloat16_no_less_accurate_than_eager():
+    """Llama in bfloat16 (HF casts to float32 itself): the fused logits no further from the
+    float64 model's than eager torch's bfloat16 ones."""
+    model, kwargs = hf_zoo.build("llama")
+    with torch.no_grad():
+        exact = model.double()(**kwargs).logits
+        eager = model.bfloat16()(**kwargs).logits
+        torch._dynamo.reset()
+        before = collections.Counter(pipeline.counters)
+        fused = torch.compile(model, backend="tpu_inductor", options=_options(True))(**kwargs)
+    assert _rewrites_since(before) == {"rms_norm": 5}
+    assert _error(fused.logits, exact) <= _error(eager, exact) * 1.05
+
+
+def test_symbolic_lengths():
+    """Llama trained at two lengths with dynamic=True: the norms fuse (the normalized dim is
+    the hidden one, never bucketed) and logits and every gradient equal eager torch's."""
+    model, _ = hf_zoo.build("llama")
+    torch._dynamo.reset()
+    before = collections.Counter(pipeline.counters)
+    compiled = torch.compile(model, backend="tpu_inductor", options=_options(True), dynamic=True)
+    g = torch.Generator().manual_seed(2)
+    for length in (8, 11):
+        ids = torch.randint(0, hf_zoo.VOCAB, (2, length), generator=g)
+        out, expected = (m(input_ids=ids, labels=ids, use_cache=False) for m in (compiled, model))
+        assert_same(out.logits, expected.logits)
+        assert_same(grads_of(model, out.loss), grads_of(model, expected.loss))
+    assert _rewrites_since(before).get("rms_norm", 0) >= 5
+
+
+def test_dump_shows_the_rewrite(tmp_path):
+    """The rewrite is in the dumps: the pass's graph and its diff from the graph before it."""
+    model, kwargs = hf_zoo.build("llama")
+    torch._dynamo.reset()
+    options = {**_options(True), "dump_dir": str(tmp_path)}
+    with torch.no_grad():
+        torch.compile(model, backend="tpu_inductor", options=options)(**kwargs)
+    (c,) = report.load_run(tmp_path)
+    assert c["pass_rewrites"]["fuse_norms"] == {"rms_norm": 5}
+    diff = next(f for f in c["files"] if f.endswith("_pass_fuse_norms.diff"))
+    text = (tmp_path / c["folder"] / diff).read_text()
+    assert text.startswith("# pass fuse_norms: rewrites {'rms_norm': 5}")
+    added = [line for line in text.splitlines() if line.startswith("+ ")]
+    assert sum("tpu_inductor.norm.default" in line for line in added) == 5
+    removed = [line for line in text.splitlines() if line.startswith("- ")]
+    assert sum("aten.rsqrt.default" in line for line in removed) == 5
+
+
+def test_option_is_validated_and_in_the_cache_key():
+    from tpu_inductor.config import Options
+    from tpu_inductor.exc import OptionError
+
+    off, on = Options.from_user({}), Options.from_user({"fusion": {"norms": True}})
+    assert pipeline.fingerprint(on) != pipeline.fingerprint(off)
+    assert on.cache_key_entries() != off.cache_key_entries()
+    assert off.fusion.norms is False
+    with pytest.raises(OptionError, match="norms"):
+        Options.from_user({"fusion": {"norms": "yes"}})
