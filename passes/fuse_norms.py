@@ -236,4 +236,5 @@ def _fuse(match, op, ctx: PassContext, order: dict) -> None:
         else:
             node.graph.erase_node(node)
     ctx.rewrites["layer_norm" if mu is not None else "rms_norm"] += 1
-    ctx.rewrites["kept"] += kept
+    if kept:
+        ctx.rewrites["kept"] += kept

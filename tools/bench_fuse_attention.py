@@ -7,6 +7,8 @@ executables' temporaries (PJRT's compiled memory stats), per form or model and l
     .venv/bin/python tools/bench_fuse_attention.py --fusion matmuls --models llama,gpt2,bert \
         --attn sdpa [--train] [--hidden 512]
     .venv/bin/python tools/bench_fuse_attention.py --fusion matmuls --hidden 2048 --lengths 1,512
+    .venv/bin/python tools/bench_fuse_attention.py --fusion norms --models llama --attn sdpa \
+        [--train] [--hidden 512]
 
 Forms: Hugging Face Llama's eager attention (GQA 8 query / 2 KV heads by repeat_kv, a causal
 float bias built in the graph, softmax in float32), the same with a padding mask given, and
@@ -19,7 +21,8 @@ as kernels, of those it lowered as the attention op (tools/bench_attention_kerne
 `--fusion` is the option switched: `attention` (`fused` counts the attentions rewritten to the
 op) or `matmuls` (passes/fuse_matmuls.py; `fused` counts the matmuls merged; its forms are
 Q/K/V projections of `--hidden` features against three weights, and against one made outside
-the graph for reference). Before the first, a one-op compile initializes jax. Caches are off;
+the graph for reference) or `norms` (passes/fuse_norms.py, with `--models`; `fused` counts the
+norms rewritten to the op). Before the first, a one-op compile initializes jax. Caches are off;
 each configuration compiles once in this process; the first call's seconds include Dynamo and
 AOTAutograd.
 """
@@ -88,6 +91,7 @@ MATMUL_FORMS = {"projections": projections, "projections_concatenated": projecti
 _FUSED = {
     "attention": ("fuse_attention.written_out", "fuse_attention.sdpa_forward"),
     "matmuls": ("fuse_matmuls.matmuls",),
+    "norms": ("fuse_norms.rms_norm", "fuse_norms.layer_norm"),
 }
 _temps: list[int] = []
 _compile = runtime.compile_stablehlo
