@@ -12,8 +12,9 @@
     a chain node the graph reads elsewhere, kept as it was (see below)         # kept
 
 The weight and the bias are optional, 1-d over the normalized dim; converts after h are read
-as the dtype h is rounded to before the weight (`normed_dtype`). `nn.LayerNorm` and
-`F.rms_norm` are ATen ops already (`native_layer_norm`, lowered as one rule): nothing to match.
+as the dtype h is rounded to before the weight (`normed_dtype`). `F.rms_norm` reaches the
+graph as the chain above (and is fused); `nn.LayerNorm` is an ATen op already
+(`native_layer_norm`, lowered as one rule): nothing to match.
 
 Training graphs: AOTAutograd derives the backward from the unfused forward and saves some of
 the chain's values for it (the rsqrt, LayerNorm's mean, a `/ sqrt` norm's sqrt). This pass

@@ -2,8 +2,8 @@
 
 Float32: the forward and every gradient of a training step equal the unfused compile's (1e-6)
 and eager torch's, for Hugging Face's Llama (LlamaRMSNorm) and T5 (T5LayerNorm), and for
-LayerNorms written by hand (`var`, or `(x - m) ** 2` with a `/ sqrt`); BERT's nn.LayerNorm is an
-ATen op already and is left alone. Bfloat16: the fused results are no further from float64
+LayerNorms written by hand (`var`, or `(x - m) ** 2` with a `/ sqrt`), and `F.rms_norm` (torch
+decomposes it into the same chain); BERT's nn.LayerNorm is an ATen op already, left alone. Bfloat16: the fused results are no further from float64
 than eager torch's; a norm written without casts (float32 statistics fused, bfloat16 steps
 unfused) equals the unfused compile to bfloat16 rounding: 2 ulps (rtol = atol = 2**-6, ulp
 ≤ |x| * 2**-7 for bfloat16's 8 significant bits; h, once rounded fused, is rounded after each
@@ -82,7 +82,15 @@ def _module_step(module: torch.nn.Module, x: torch.Tensor, options: dict | None)
     return y.detach(), grads, _rewrites_since(before)
 
 
+class FunctionalRMSNorm(HandRMSNorm):
+    """`F.rms_norm`, which torch decomposes into the written-out chain (with `add.Scalar`)."""
+
+    def forward(self, x):
+        return torch.nn.functional.rms_norm(x, self.weight.shape, self.weight, 1e-6)
+
+
 HAND = {
+    "functional_rms_norm": FunctionalRMSNorm,
     "layer_norm_var": lambda d: HandLayerNorm(d, "var"),
     "layer_norm_sqrt": lambda d: HandLayerNorm(d, "sqrt"),
     "layer_norm_cast": lambda d: HandLayerNorm(d, "var", cast=True),
@@ -96,7 +104,7 @@ def test_hand_written_float32_equals_unfused_and_eager(name):
     x = torch.randn(3, 7, 24, generator=torch.Generator().manual_seed(5)) * 2 + 0.5
     fused, fused_grads, rewrites = _module_step(module, x, {"options": _options(True)})
     unfused, unfused_grads, off = _module_step(module, x, {"options": _options(False)})
-    kind = "rms_norm" if name == "rms_norm" else "layer_norm"
+    kind = "rms_norm" if name.endswith("rms_norm") else "layer_norm"
     assert rewrites == {kind: 1} and off == {}, rewrites
     assert_same(fused, unfused, rtol=1e-6, atol=1e-6)
     assert_same(fused_grads, unfused_grads, rtol=1e-6, atol=1e-6)
