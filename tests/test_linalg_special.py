@@ -318,3 +318,18 @@ def test_bf16_linear_adds_the_bias_before_rounding():
     once = torch.nn.functional.linear(x.float(), w.float(), b.float()).bfloat16()
     ours = compile_aten(torch.nn.functional.linear, (x, w, b))(x, w, b)
     assert (ours == once).float().mean() > 0.99
+
+
+def test_integer_addmm_family_reads_beta_and_alpha_as_integers():
+    g = _gen(8)
+    bias, m, v = (torch.randint(-5, 5, s, generator=g) for s in ((4,), (4, 3), (3,)))
+    b1, b2 = (
+        torch.randint(-5, 5, (2, 4, 3), generator=g),
+        torch.randint(-5, 5, (2, 3, 2), generator=g),
+    )
+    fns = {
+        "addmv": lambda bias, m, v, b1, b2: torch.addmv(bias, m, v, beta=0.2, alpha=0.6),
+        "addmv_2": lambda bias, m, v, b1, b2: torch.addmv(bias, m, v, beta=1.5, alpha=2.7),
+        "addbmm": lambda bias, m, v, b1, b2: torch.addbmm(m[:, :2], b1, b2, beta=2.9, alpha=0.5),
+    }
+    check_many_against_eager(fns, bias, m, v, b1, b2, tolerance=_tol, options=LOWERED)

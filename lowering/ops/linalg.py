@@ -40,7 +40,10 @@ def _product(a, b):
 
 def _scaled_add(bias, product, beta, alpha, dtype):
     """beta * bias + alpha * product in the accumulation dtype, rounded once to `dtype` (as
-    torch adds the bias in the accumulator); bias ignored (even NaN) when beta is 0."""
+    torch adds the bias in the accumulator); bias ignored (even NaN) when beta is 0. For an
+    integer `dtype` torch reads beta and alpha as that integer type (0.6 -> 0)."""
+    if jnp.issubdtype(dtype, jnp.integer):
+        beta, alpha = int(beta), int(alpha)
     if alpha != 1:
         product = product * alpha
     if beta != 0:
