@@ -79,11 +79,15 @@ def _call(node, *targets) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in targets
 
 
-def _root(node: torch.fx.Node) -> torch.fx.Node:
-    """`node` read back through dtype converts."""
-    while _call(node, *CONVERTS):
-        node = node.args[0]
-    return node
+def _same_value(node, base: torch.fx.Node) -> bool:
+    """Whether `node` holds `base`'s values: `base` itself, or what `base` converts losslessly
+    (T5 multiplies the uncast x by a statistic of x.to(float32))."""
+    if node is base:
+        return True
+    if not _call(base, *CONVERTS) or base.args[0] is not node:
+        return False
+    wide = base.meta["val"].dtype
+    return torch.promote_types(node.meta["val"].dtype, wide) == wide
 
 
 def _over_last(node: torch.fx.Node, dims, keepdim) -> bool:
@@ -96,6 +100,18 @@ def _row_mean(node) -> bool:
     if not _call(node, _MEAN) or node.kwargs.get("dtype") is not None:
         return False
     return _over_last(node, node.args[1], node.kwargs.get("keepdim", node.args[2:3] == (True,)))
+
+
+def _scalar_tensor(before: torch.fx.Node, value: float, like: torch.fx.Node) -> torch.fx.Node:
+    """A 0-d tensor of `value` in the dtype `like` accumulates in, its fake value made in
+    `like`'s fake mode (`_insert` finds the mode from tensor arguments; this has none)."""
+    acc = torch.promote_types(like.meta["val"].dtype, torch.float32)
+    with before.graph.inserting_before(before):
+        node = before.graph.call_function(aten.scalar_tensor.default, (value,), {"dtype": acc})
+    mode = torch._guards.detect_fake_mode([like.meta["val"]])
+    with mode if mode is not None else torch._subclasses.fake_tensor.unset_fake_temporarily():
+        node.meta["val"] = torch.scalar_tensor(value, dtype=acc)
+    return node
 
 
 def _eps(c) -> bool:
@@ -125,7 +141,7 @@ def _variance(v: torch.fx.Node):
     a = sq.args[0]
     if _call(a, aten.sub.Tensor) and _row_mean(a.args[1]):
         mu = a.args[1]
-        if _root(mu.args[0]) is _root(a.args[0]):
+        if mu.args[0] is a.args[0]:
             return a.args[0], mu, [a, sq, v]
     return a, None, [sq, v]
 
@@ -133,11 +149,9 @@ def _variance(v: torch.fx.Node):
 def _centered(other, base, mu) -> bool:
     """Whether `other` is the value the statistic scales: x (RMS) or x - mean (LayerNorm)."""
     if mu is None:
-        return _root(other) is _root(base)
+        return _same_value(other, base)
     return (
-        _call(other, aten.sub.Tensor)
-        and other.args[1] is mu
-        and _root(other.args[0]) is _root(base)
+        _call(other, aten.sub.Tensor) and other.args[1] is mu and _same_value(other.args[0], base)
     )
 
 
@@ -211,8 +225,7 @@ def _fuse(match, op, ctx: PassContext, order: dict) -> None:
     base, mu, s, weight, bias, eps, divide, normed, final, chain = match
     members = sorted(set(chain) | ({mu} if mu is not None else set()), key=order.__getitem__)
     if not isinstance(eps, torch.fx.Node):  # the op's eps is a 0-d tensor
-        acc = torch.promote_types(base.meta["val"].dtype, torch.float32)
-        eps = _insert(members[0], aten.scalar_tensor.default, (eps,), {"dtype": acc})
+        eps = _scalar_tensor(members[0], eps, base)
     args = (base, weight, bias, eps, mu is not None, divide, normed)
     fused = _insert(members[0], op, args)
     if fused.meta["val"][0].dtype != final.meta["val"].dtype:  # a promotion the op differs in

@@ -227,3 +227,31 @@ def test_option_is_validated_and_in_the_cache_key():
     assert off.fusion.norms is False
     with pytest.raises(OptionError, match="norms"):
         Options.from_user({"fusion": {"norms": "yes"}})
+
+
+def test_chain_node_read_elsewhere_is_kept():
+    """A statistic the graph also returns (the variance) stays as the graph computed it,
+    counted `kept` (the mean of squares and its squares), and every result equals eager."""
+    from tests.helpers import check_against_eager
+
+    def fn(x, w):
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return w * (x * torch.rsqrt(variance + 1e-6)), variance
+
+    before = collections.Counter(pipeline.counters)
+    check_against_eager(fn, torch.randn(4, 16), torch.randn(16), options=_options(True))
+    assert _rewrites_since(before) == {"rms_norm": 1, "kept": 2}
+
+
+def test_narrowing_convert_is_not_fused():
+    """A statistic of x.to(bfloat16) scaling the float32 x is no norm of one value (the op
+    would scale the rounded x): left alone, and equal to eager."""
+    from tests.helpers import check_against_eager
+
+    def fn(x):
+        r = torch.rsqrt(x.bfloat16().pow(2).mean(-1, keepdim=True) + 1e-6)
+        return x * r
+
+    before = collections.Counter(pipeline.counters)
+    check_against_eager(fn, torch.randn(4, 16), options=_options(True))
+    assert _rewrites_since(before) == {}
