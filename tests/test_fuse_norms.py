@@ -255,3 +255,22 @@ def test_narrowing_convert_is_not_fused():
     before = collections.Counter(pipeline.counters)
     check_against_eager(fn, torch.randn(4, 16), options=_options(True))
     assert _rewrites_since(before) == {}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("centered", "divide"), [(False, False), (True, False), (True, True)])
+def test_op_lowering_equals_its_eager_kernel(dtype, centered, divide):
+    """The op's lowering (lowering/ops/norm.py) equals its eager kernel (what runs where a
+    region falls back to eager), and its fake kernel agrees with that kernel (opcheck)."""
+    from tests.helpers import check_against_eager
+    from tpu_inductor.norm_op import ops as ours
+
+    g = torch.Generator().manual_seed(7)
+    x, w, b = (torch.randn(*shape, generator=g).to(dtype) for shape in ((3, 5, 16), (16,), (16,)))
+    eps = torch.tensor(1e-5)
+
+    def fn(x, w, b, eps):
+        return ours.norm(x, w, b, eps, centered, divide, dtype)
+
+    check_against_eager(fn, x, w, b, eps)
+    torch.library.opcheck(ours.norm.default, (x, w, b, eps, centered, divide, dtype))
