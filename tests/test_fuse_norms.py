@@ -274,3 +274,23 @@ def test_op_lowering_equals_its_eager_kernel(dtype, centered, divide):
 
     check_against_eager(fn, x, w, b, eps)
     torch.library.opcheck(ours.norm.default, (x, w, b, eps, centered, divide, dtype))
+
+
+def test_with_the_other_fusions():
+    """Llama trained with every fusion on: each pass still fires (the merged projections read
+    the norm op's result) and logits and every gradient equal eager torch's."""
+    model, kwargs = hf_zoo.build("llama")
+    torch._dynamo.reset()
+    before = collections.Counter(pipeline.counters)
+    every = {"norms": True, "matmuls": True, "attention": True}
+    options = {**_options(True), "fusion": every}
+    out = torch.compile(model, backend="tpu_inductor", options=options)(
+        **kwargs, labels=kwargs["input_ids"]
+    )
+    grads = grads_of(model, out.loss)
+    eager = model(**kwargs, labels=kwargs["input_ids"])
+    assert_same(out.logits, eager.logits)
+    assert_same(grads, grads_of(model, eager.loss))
+    fired = {key for key, n in pipeline.counters.items() if n > before[key]}
+    expected = {"fuse_norms.rms_norm", "fuse_matmuls.shared_input", "fuse_attention.sdpa_forward"}
+    assert expected <= fired, fired
