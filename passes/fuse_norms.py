@@ -228,11 +228,6 @@ def _fuse(match, op, ctx: PassContext, order: dict) -> None:
         eps = _scalar_tensor(members[0], eps, base)
     args = (base, weight, bias, eps, mu is not None, divide, normed)
     fused = _insert(members[0], op, args)
-    if fused.meta["val"][0].dtype != final.meta["val"].dtype:  # a promotion the op differs in
-        fused.graph.erase_node(fused)
-        if eps.op == "call_function" and not eps.users and eps.target is aten.scalar_tensor.default:
-            eps.graph.erase_node(eps)
-        return
     for old, index in ((final, 0), (s, 2), (mu, 1)):
         readers = [] if old is None else [u for u in old.users if u not in members]
         if readers:
