@@ -15,8 +15,8 @@ import torch
 from tpu_inductor.passes import pipeline
 
 from tests import hf_zoo
+from tests.fusion_checks import assert_dumped_rewrite, assert_option_validated_and_keyed
 from tests.helpers import assert_same, grads_of
-from tpu_inductor import report
 
 # model -> (shared_input groups, shared_right groups, matmuls merged), forward and backward
 # together, for hf_zoo's two layers: Llama's q/k/v and gate/up per layer (and their weights'
@@ -125,29 +125,14 @@ def test_equal_inputs_are_one_input():
 
 def test_dump_shows_the_rewrite(tmp_path):
     """The merge is in the dumps: the pass's graph and its diff from the graph before it."""
-    model, kwargs = hf_zoo.build("llama")
-    torch._dynamo.reset()
-    options = {**_options(True), "dump_dir": str(tmp_path)}
-    with torch.no_grad():
-        torch.compile(model, backend="tpu_inductor", options=options)(**kwargs)
-    (c,) = report.load_run(tmp_path)
-    assert c["pass_rewrites"]["fuse_matmuls"] == {"shared_input": 4, "matmuls": 10}
-    diff = next(f for f in c["files"] if f.endswith("_pass_fuse_matmuls.diff"))
-    text = (tmp_path / c["folder"] / diff).read_text()
-    assert text.startswith("# pass fuse_matmuls: rewrites {'shared_input': 4, 'matmuls': 10}")
-    added = [line for line in text.splitlines() if line.startswith("+ ")]
-    assert sum("aten.cat.default" in line for line in added) == 4
-    removed = [line for line in text.splitlines() if line.startswith("- ")]
-    assert sum("aten.mm.default" in line for line in removed) == 10
+    assert_dumped_rewrite(
+        tmp_path,
+        "matmuls",
+        {"shared_input": 4, "matmuls": 10},
+        added=("aten.cat.default", 4),
+        removed=("aten.mm.default", 10),
+    )
 
 
 def test_option_is_validated_and_in_the_cache_key():
-    from tpu_inductor.config import Options
-    from tpu_inductor.exc import OptionError
-
-    off, on = Options.from_user({}), Options.from_user({"fusion": {"matmuls": True}})
-    assert pipeline.fingerprint(on) != pipeline.fingerprint(off)
-    assert on.cache_key_entries() != off.cache_key_entries()
-    assert off.fusion.matmuls is False
-    with pytest.raises(OptionError, match="matmuls"):
-        Options.from_user({"fusion": {"matmuls": "yes"}})
+    assert_option_validated_and_keyed("matmuls")

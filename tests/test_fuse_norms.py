@@ -19,8 +19,8 @@ import torch
 from tpu_inductor.passes import pipeline
 
 from tests import hf_zoo
+from tests.fusion_checks import assert_dumped_rewrite, assert_option_validated_and_keyed
 from tests.helpers import assert_same, grads_of
-from tpu_inductor import report
 
 
 def _rewrites_since(before: collections.Counter) -> dict[str, int]:
@@ -201,32 +201,17 @@ def test_symbolic_lengths():
 
 def test_dump_shows_the_rewrite(tmp_path):
     """The rewrite is in the dumps: the pass's graph and its diff from the graph before it."""
-    model, kwargs = hf_zoo.build("llama")
-    torch._dynamo.reset()
-    options = {**_options(True), "dump_dir": str(tmp_path)}
-    with torch.no_grad():
-        torch.compile(model, backend="tpu_inductor", options=options)(**kwargs)
-    (c,) = report.load_run(tmp_path)
-    assert c["pass_rewrites"]["fuse_norms"] == {"rms_norm": 5}
-    diff = next(f for f in c["files"] if f.endswith("_pass_fuse_norms.diff"))
-    text = (tmp_path / c["folder"] / diff).read_text()
-    assert text.startswith("# pass fuse_norms: rewrites {'rms_norm': 5}")
-    added = [line for line in text.splitlines() if line.startswith("+ ")]
-    assert sum("tpu_inductor.norm.default" in line for line in added) == 5
-    removed = [line for line in text.splitlines() if line.startswith("- ")]
-    assert sum("aten.rsqrt.default" in line for line in removed) == 5
+    assert_dumped_rewrite(
+        tmp_path,
+        "norms",
+        {"rms_norm": 5},
+        added=("tpu_inductor.norm.default", 5),
+        removed=("aten.rsqrt.default", 5),
+    )
 
 
 def test_option_is_validated_and_in_the_cache_key():
-    from tpu_inductor.config import Options
-    from tpu_inductor.exc import OptionError
-
-    off, on = Options.from_user({}), Options.from_user({"fusion": {"norms": True}})
-    assert pipeline.fingerprint(on) != pipeline.fingerprint(off)
-    assert on.cache_key_entries() != off.cache_key_entries()
-    assert off.fusion.norms is False
-    with pytest.raises(OptionError, match="norms"):
-        Options.from_user({"fusion": {"norms": "yes"}})
+    assert_option_validated_and_keyed("norms")
 
 
 def test_chain_node_read_elsewhere_is_kept():
