@@ -308,6 +308,15 @@ def test_special_functions():
     check_many_against_eager(fns, x, q, tolerance=_tol, options=LOWERED)
 
 
+def test_zeta_domain_checks_in_cephes_order():
+    """Where x and q are both outside the domain, x decides, as in torch's Cephes port
+    (x < 1: NaN before q a non-positive integer: inf); the OpInfo bool sample zeta(0, 0)."""
+    x, q = torch.meshgrid(
+        torch.tensor([0.0, 0.5, 1.0, 2.0, 2.5]), torch.tensor([-2.0, -1.5, 0.0, 1.0]), indexing="ij"
+    )
+    check_against_eager(torch.special.zeta, x.reshape(-1), q.reshape(-1), options=LOWERED)
+
+
 def test_bf16_linear_adds_the_bias_before_rounding():
     """torch adds the bias in the float32 accumulator and rounds once; rounding the product to
     bfloat16 first, then adding, moved about 30% of the results by one bfloat16 step."""

@@ -73,9 +73,10 @@ def zeta(x, q):
         a = a * (x + k)
         b = b / w
         k = k + 1
-    s = jnp.where(x == 1, jnp.inf, jnp.where(x < 1, jnp.nan, s))
-    s = jnp.where((q <= 0) & (q == jnp.floor(q)), jnp.inf, s)
+    # Cephes' order of its domain checks: x first (x == 1: inf, x < 1: NaN), then q.
     s = jnp.where((q <= 0) & (q != jnp.floor(q)) & (x != jnp.floor(x)), jnp.nan, s)
+    s = jnp.where((q <= 0) & (q == jnp.floor(q)), jnp.inf, s)
+    s = jnp.where(x == 1, jnp.inf, jnp.where(x < 1, jnp.nan, s))
     return s.astype(out_dtype)
 
 
