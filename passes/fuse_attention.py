@@ -26,7 +26,7 @@ Dynamo passes in at dynamic=True) is applied to q: (q·kᵀ)·c as (q·c)·kᵀ.
 Preserves: every result (the op computes what the nodes it replaces did, in float32; a
 written-out softmax over a row of -inf stays NaN), `node.meta["val"]` (new nodes get theirs
 from the op's fake kernel), the layout of each replaced result (a view after it may rely on
-its strides: the op's contiguous result is permuted into the replaced one's, `_keep_layout`)
+its strides: the op's contiguous result is permuted into the replaced one's, `graph_edits.keep_layout`)
 and the random streams (no random op is touched).
 """
 
@@ -51,6 +51,7 @@ from .fuse_patterns import (
     repeated_heads,
     safe_softmax_guard,
 )
+from .graph_edits import insert_call, keep_layout
 
 aten = torch.ops.aten
 _FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -71,59 +72,21 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
     return gm
 
 
-def _insert(before: torch.fx.Node, target, args, kwargs=None) -> torch.fx.Node:
-    """A call of `target` before `before`, its meta["val"] from the fake values of its args."""
-    graph = before.graph
-    with graph.inserting_before(before):
-        node = graph.call_function(target, tuple(args), kwargs)
-    vals = torch.fx.node.map_arg(node.args, lambda n: n.meta["val"])
-    mode = torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
-    with mode if mode is not None else torch._subclasses.fake_tensor.unset_fake_temporarily():
-        node.meta["val"] = target(*vals, **node.kwargs)
-    node.meta["stack_trace"] = before.meta.get("stack_trace")
-    return node
-
-
 def _replace(old: torch.fx.Node, target, args, counts, ctx: PassContext) -> None:
     """`old`'s uses read a new call of `target`, each result in the layout `old`'s had; the
     rewrite's counts go to `ctx.rewrites`."""
-    new = _insert(old, target, args)
+    new = insert_call(old, target, args)
     was = old.meta["val"]
     old.replace_all_uses_with(new)
     if isinstance(was, torch.Tensor):
-        _keep_layout(new, was)
+        keep_layout(new, was)
     else:  # a node of several results is read through getitem
         for user in list(new.users):
             if user.target is operator.getitem:
                 user.meta["val"] = new.meta["val"][user.args[1]]
-                _keep_layout(user, was[user.args[1]])
+                keep_layout(user, was[user.args[1]])
     for what in counts:
         ctx.rewrites[what] += 1
-
-
-def _keep_layout(node: torch.fx.Node, like: torch.Tensor) -> None:
-    """`node`'s users read its value in `like`'s layout where the two differ: a view after the
-    replaced node may rely on its strides (the CPU SDPA kernels return [B, L, H, D]-strided
-    results; the op, contiguous ones), and a graph with symbolic sizes has its strides derived
-    again per size (passes/shapes.py), where such a view is refused.
-
-        x -> permute(clone(permute(x, order)), inverse)   # the values unchanged
-    """
-    order = list(like.dim_order())
-    if list(node.meta["val"].dim_order()) == order:
-        return
-    users, after = list(node.users), node.next
-    inverse = sorted(range(len(order)), key=order.__getitem__)
-    physical = _insert(after, aten.permute.default, (node, order))
-    dense = _insert(
-        after, aten.clone.default, (physical,), {"memory_format": torch.contiguous_format}
-    )
-    logical = _insert(after, aten.permute.default, (dense, inverse))
-    for user in users:
-        user.replace_input_with(node, logical)
-
-
-# --- SDPA ----------------------------------------------------------------------------------
 
 
 def _sdpa(node: torch.fx.Node, ctx: PassContext) -> None:
@@ -221,13 +184,13 @@ def _written_out(softmax: torch.fx.Node, ctx: PassContext) -> None:
         elif bias is None:
             bias = made[0]
         else:
-            bias = _insert(softmax, aten.add.Tensor, (bias, made[0]))
+            bias = insert_call(softmax, aten.add.Tensor, (bias, made[0]))
     for op, c in given:  # (q·k)·c as (q·c)·k
-        q = _insert(out_node, op, (q, c))
+        q = insert_call(out_node, op, (q, c))
     k, v, folded = _fold_gqa(q, k, v)
     counts += ["gqa_folded"] * folded
     nan_rows = bias is not None and not safe
-    fused = _insert(out_node, ours.attention.default, (q, k, v, bias, scale, causal, nan_rows))
+    fused = insert_call(out_node, ours.attention.default, (q, k, v, bias, scale, causal, nan_rows))
     _replace(out_node, operator.getitem, (fused, 0), counts, ctx)
 
 
@@ -295,7 +258,7 @@ def _untransposed(kt: torch.fx.Node) -> torch.fx.Node:
     swap = [*range(rank - 2), rank - 1, rank - 2]
     if kt.target is aten.permute.default and list(kt.args[1]) == swap:
         return kt.args[0]
-    return _insert(kt.next, aten.permute.default, (kt, swap))
+    return insert_call(kt.next, aten.permute.default, (kt, swap))
 
 
 def _mask(step, got, softmax, q, k):
@@ -317,7 +280,7 @@ def _mask(step, got, softmax, q, k):
     if causal is not None:
         return None, causal
     kept, dropped = (0.0, fill) if step.kind == "keep" else (fill, 0.0)
-    return _insert(softmax, aten.where.Scalar, (m, kept, dropped)), None
+    return insert_call(softmax, aten.where.Scalar, (m, kept, dropped)), None
 
 
 def _constant(fill) -> float | None:

@@ -47,8 +47,8 @@ import collections
 import torch
 
 from .context import PassContext
-from .fuse_attention import _insert
 from .fuse_patterns import same
+from .graph_edits import insert_call
 
 aten = torch.ops.aten
 _MATMULS = (aten.mm.default, aten.addmm.default)
@@ -210,17 +210,17 @@ def _merge(group: list[torch.fx.Node], kind: str, order: dict) -> None:
         args = (shared, right)
     else:
         shared = _operands(first)[1]
-        left = _insert(after, aten.cat.default, ([_operands(n)[0] for n in group], 0))
+        left = insert_call(after, aten.cat.default, ([_operands(n)[0] for n in group], 0))
         args, dim = (left, shared), 0
     if first.target is aten.addmm.default:
-        args = (_insert(after, aten.cat.default, ([n.args[0] for n in group],)), *args)
-    merged = _insert(after, first.target, args)
+        args = (insert_call(after, aten.cat.default, ([n.args[0] for n in group],)), *args)
+    merged = insert_call(after, first.target, args)
     start = 0
     for node in group:
         width = node.meta["val"].shape[dim]
-        part = _insert(after, aten.slice.Tensor, (merged, dim, start, start + width))
+        part = insert_call(after, aten.slice.Tensor, (merged, dim, start, start + width))
         if dim == 1:  # the slice of columns is strided; the replaced result was dense
-            part = _insert(
+            part = insert_call(
                 after, aten.clone.default, (part,), {"memory_format": torch.contiguous_format}
             )
         part.meta["stack_trace"] = node.meta.get("stack_trace")
@@ -233,6 +233,6 @@ def _concatenated_weights(rights: list[torch.fx.Node], after: torch.fx.Node) -> 
     cat(W_i, 1) for Conv1D's."""
     weights = [_weight(w) for w in rights]
     if weights[0][1]:
-        cat = _insert(after, aten.cat.default, ([w for w, _ in weights], 0))
-        return _insert(after, aten.permute.default, (cat, [1, 0]))
-    return _insert(after, aten.cat.default, ([w for w, _ in weights], 1))
+        cat = insert_call(after, aten.cat.default, ([w for w, _ in weights], 0))
+        return insert_call(after, aten.permute.default, (cat, [1, 0]))
+    return insert_call(after, aten.cat.default, ([w for w, _ in weights], 1))

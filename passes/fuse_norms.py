@@ -35,7 +35,7 @@ float64 (tests/test_fuse_norms.py). A saved value in a 16-bit dtype is the op's 
 statistic rounded to it.
 
 Preserves: `node.meta["val"]` (new nodes get theirs from the op's fake kernel), the layout of
-each replaced result (fuse_attention's `_keep_layout`), the random streams (no random op is
+each replaced result (graph_edits' `keep_layout`), the random streams (no random op is
 touched) and the topological order (re-sorted after: a weight may be computed after the norm's
 first node).
 """
@@ -47,8 +47,8 @@ import operator
 import torch
 
 from .context import PassContext
-from .fuse_attention import _insert, _keep_layout
 from .fuse_patterns import CONVERTS, same
+from .graph_edits import insert_call, keep_layout
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -104,7 +104,7 @@ def _row_mean(node) -> bool:
 
 def _scalar_tensor(before: torch.fx.Node, value: float, like: torch.fx.Node) -> torch.fx.Node:
     """A 0-d tensor of `value` in the dtype `like` accumulates in, its fake value made in
-    `like`'s fake mode (`_insert` finds the mode from tensor arguments; this has none)."""
+    `like`'s fake mode (`insert_call` finds the mode from tensor arguments; this has none)."""
     acc = torch.promote_types(like.meta["val"].dtype, torch.float32)
     with before.graph.inserting_before(before):
         node = before.graph.call_function(aten.scalar_tensor.default, (value,), {"dtype": acc})
@@ -227,17 +227,17 @@ def _fuse(match, op, ctx: PassContext, order: dict) -> None:
     if not isinstance(eps, torch.fx.Node):  # the op's eps is a 0-d tensor
         eps = _scalar_tensor(members[0], eps, base)
     args = (base, weight, bias, eps, mu is not None, divide, normed)
-    fused = _insert(members[0], op, args)
+    fused = insert_call(members[0], op, args)
     for old, index in ((final, 0), (s, 2), (mu, 1)):
         readers = [] if old is None else [u for u in old.users if u not in members]
         if readers:
-            new = _insert(fused.next, operator.getitem, (fused, index))
+            new = insert_call(fused.next, operator.getitem, (fused, index))
             dtype = old.meta["val"].dtype
             if new.meta["val"].dtype != dtype:  # a 16-bit saved value: the statistic rounded
-                new = _insert(new.next, prims.convert_element_type.default, (new, dtype))
+                new = insert_call(new.next, prims.convert_element_type.default, (new, dtype))
             for user in readers:
                 user.replace_input_with(old, new)
-            _keep_layout(new, old.meta["val"])
+            keep_layout(new, old.meta["val"])
     kept = 0
     for node in reversed(members):
         if node.users:
