@@ -5,6 +5,7 @@ starts), compared with the one-device run."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -331,3 +332,23 @@ def test_an_optimizers_state_takes_its_parameters_placement():
     assert placed[0] == placed[1] == placed[3] == sharding.Placement(mesh, ("data", None))
     assert placed[2] is None  # the step count has another shape
     assert sharding.placements([optimizer.state[model[2].bias]["exp_avg"]]) == [None]
+
+
+def test_the_tensor_parallel_example_trains_and_reports_its_collectives():
+    """examples/tensor_parallel.py as a user runs it: five steps of finite losses near a fresh
+    model's ln(vocabulary) (each step's batch is new random tokens), and the explanation of
+    its dump with the partitioner's collectives."""
+    done = subprocess.run(
+        [sys.executable, os.path.join(_ROOT, "examples", "tensor_parallel.py")],
+        cwd=_ROOT,
+        env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    losses = [
+        float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("step")
+    ]
+    assert len(losses) == 5 and all(abs(loss - math.log(256)) < 0.5 for loss in losses), losses
+    assert "communication: mesh {'data': 2, 'model': 4}: all-reduce" in done.stdout
