@@ -3,6 +3,8 @@ switchable by an option that is validated and in the cache key), shared by the p
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 from tpu_inductor.passes import pipeline
@@ -12,6 +14,33 @@ from tpu_inductor.config import Options
 from tpu_inductor.exc import OptionError
 
 from . import hf_zoo
+from .helpers import assert_same, grads_of
+
+
+def rewrites_since(option: str, before) -> dict[str, int]:
+    """The rewrites pass `fuse_<option>` counted since `before` (a copy of pipeline.counters)."""
+    prefix = f"fuse_{option}."
+    return {
+        key.removeprefix(prefix): count - before[key]
+        for key, count in pipeline.counters.items()
+        if key.startswith(prefix) and count > before[key]
+    }
+
+
+def llama_trained_at_two_lengths(options: dict, option: str) -> dict[str, int]:
+    """The zoo Llama trained at lengths 8 and 11 with dynamic=True under `options`: logits and
+    every gradient equal eager torch's; returns the rewrites of `fuse_<option>`."""
+    model, _ = hf_zoo.build("llama")
+    torch._dynamo.reset()
+    before = collections.Counter(pipeline.counters)
+    compiled = torch.compile(model, backend="tpu_inductor", options=options, dynamic=True)
+    g = torch.Generator().manual_seed(2)
+    for length in (8, 11):
+        ids = torch.randint(0, hf_zoo.VOCAB, (2, length), generator=g)
+        out, expected = (m(input_ids=ids, labels=ids, use_cache=False) for m in (compiled, model))
+        assert_same(out.logits, expected.logits)
+        assert_same(grads_of(model, out.loss), grads_of(model, expected.loss))
+    return rewrites_since(option, before)
 
 
 def assert_dumped_rewrite(tmp_path, option: str, rewrites: dict, added: tuple, removed: tuple):

@@ -15,7 +15,12 @@ import torch
 from tpu_inductor.passes import pipeline
 
 from tests import hf_zoo
-from tests.fusion_checks import assert_dumped_rewrite, assert_option_validated_and_keyed
+from tests.fusion_checks import (
+    assert_dumped_rewrite,
+    assert_option_validated_and_keyed,
+    llama_trained_at_two_lengths,
+    rewrites_since,
+)
 from tests.helpers import assert_same, grads_of
 
 # model -> (shared_input groups, shared_right groups, matmuls merged), forward and backward
@@ -28,14 +33,6 @@ EXPECTED = {
 }
 
 
-def _rewrites_since(before: collections.Counter) -> dict[str, int]:
-    return {
-        key.removeprefix("fuse_matmuls."): count - before[key]
-        for key, count in pipeline.counters.items()
-        if key.startswith("fuse_matmuls.") and count > before[key]
-    }
-
-
 def _train_step(name: str, options: dict):
     """(logits, loss, gradients by name, fuse_matmuls' rewrites) of one compiled step."""
     model, kwargs = hf_zoo.build(name)
@@ -44,7 +41,7 @@ def _train_step(name: str, options: dict):
     compiled = torch.compile(model, backend="tpu_inductor", options=options)
     out = compiled(**kwargs, labels=kwargs["input_ids"])
     grads = grads_of(model, out.loss)
-    return (out.logits.detach(), out.loss.detach()), grads, _rewrites_since(before)
+    return (out.logits.detach(), out.loss.detach()), grads, rewrites_since("matmuls", before)
 
 
 def _options(merge: bool) -> dict:
@@ -73,17 +70,7 @@ def test_training_at_symbolic_lengths():
     """Llama trained at two lengths with dynamic=True (bucketed, pow2): the forward's groups
     and the backward's weight gradients merge (bucketing masks each gradient's x on its own:
     equal nodes, one group); logits, loss and every gradient equal eager torch's."""
-    model, _ = hf_zoo.build("llama")
-    torch._dynamo.reset()
-    before = collections.Counter(pipeline.counters)
-    compiled = torch.compile(model, backend="tpu_inductor", options=_options(True), dynamic=True)
-    g = torch.Generator().manual_seed(2)
-    for length in (8, 11):
-        ids = torch.randint(0, hf_zoo.VOCAB, (2, length), generator=g)
-        out, expected = (m(input_ids=ids, labels=ids, use_cache=False) for m in (compiled, model))
-        assert_same(out.logits, expected.logits)
-        assert_same(grads_of(model, out.loss), grads_of(model, expected.loss))
-    rewrites = _rewrites_since(before)
+    rewrites = llama_trained_at_two_lengths(_options(True), "matmuls")
     assert rewrites.get("shared_input") == 4 and rewrites.get("shared_right") == 4, rewrites
 
 
@@ -103,7 +90,7 @@ def test_independent_members_only():
     args = [torch.randn(5, 4), torch.randn(3, 4), torch.randn(3, 4)]
     args += [torch.randn(6, 5), torch.randn(6, 5), torch.randn(1)]
     check_against_eager(fn, *args, options={"fusion": {"matmuls": True}})
-    assert _rewrites_since(before) == {"shared_input": 1, "shared_right": 1, "matmuls": 4}
+    assert rewrites_since("matmuls", before) == {"shared_input": 1, "shared_right": 1, "matmuls": 4}
 
 
 def test_equal_inputs_are_one_input():
@@ -120,7 +107,7 @@ def test_equal_inputs_are_one_input():
     before = collections.Counter(pipeline.counters)
     args = [torch.randn(5, 4)] + [torch.randn(3, 4) for _ in range(4)]
     check_against_eager(fn, *args, options={"fusion": {"matmuls": True}})
-    assert _rewrites_since(before) == {"shared_input": 1, "matmuls": 2}
+    assert rewrites_since("matmuls", before) == {"shared_input": 1, "matmuls": 2}
 
 
 def test_dump_shows_the_rewrite(tmp_path):

@@ -19,16 +19,13 @@ import torch
 from tpu_inductor.passes import pipeline
 
 from tests import hf_zoo
-from tests.fusion_checks import assert_dumped_rewrite, assert_option_validated_and_keyed
+from tests.fusion_checks import (
+    assert_dumped_rewrite,
+    assert_option_validated_and_keyed,
+    llama_trained_at_two_lengths,
+    rewrites_since,
+)
 from tests.helpers import assert_same, grads_of
-
-
-def _rewrites_since(before: collections.Counter) -> dict[str, int]:
-    return {
-        key.removeprefix("fuse_norms."): count - before[key]
-        for key, count in pipeline.counters.items()
-        if key.startswith("fuse_norms.") and count > before[key]
-    }
 
 
 def _options(fuse: bool) -> dict:
@@ -79,7 +76,7 @@ def _module_step(module: torch.nn.Module, x: torch.Tensor, options: dict | None)
     weights = torch.linspace(-1, 1, y.numel(), dtype=torch.float64).reshape(y.shape)
     (y.double() * weights).sum().backward()
     grads = {"x": x.grad, **{n: p.grad for n, p in module.named_parameters()}}
-    return y.detach(), grads, _rewrites_since(before)
+    return y.detach(), grads, rewrites_since("norms", before)
 
 
 class FunctionalRMSNorm(HandRMSNorm):
@@ -145,7 +142,7 @@ def _train_step(name: str, options: dict, dtype=torch.float32):
     labels = kwargs.get("decoder_input_ids", kwargs["input_ids"])
     out = compiled(**kwargs, labels=labels)
     grads = grads_of(model, out.loss)
-    return (out.logits.detach(), out.loss.detach()), grads, _rewrites_since(before)
+    return (out.logits.detach(), out.loss.detach()), grads, rewrites_since("norms", before)
 
 
 # model -> RMSNorms in the forward of hf_zoo's two layers: Llama two per layer and the final
@@ -179,24 +176,15 @@ def test_llama_bfloat16_no_less_accurate_than_eager():
         torch._dynamo.reset()
         before = collections.Counter(pipeline.counters)
         fused = torch.compile(model, backend="tpu_inductor", options=_options(True))(**kwargs)
-    assert _rewrites_since(before) == {"rms_norm": 5}
+    assert rewrites_since("norms", before) == {"rms_norm": 5}
     assert _error(fused.logits, exact) <= _error(eager, exact) * 1.05
 
 
 def test_symbolic_lengths():
     """Llama trained at two lengths with dynamic=True: the norms fuse (the normalized dim is
     the hidden one, never bucketed) and logits and every gradient equal eager torch's."""
-    model, _ = hf_zoo.build("llama")
-    torch._dynamo.reset()
-    before = collections.Counter(pipeline.counters)
-    compiled = torch.compile(model, backend="tpu_inductor", options=_options(True), dynamic=True)
-    g = torch.Generator().manual_seed(2)
-    for length in (8, 11):
-        ids = torch.randint(0, hf_zoo.VOCAB, (2, length), generator=g)
-        out, expected = (m(input_ids=ids, labels=ids, use_cache=False) for m in (compiled, model))
-        assert_same(out.logits, expected.logits)
-        assert_same(grads_of(model, out.loss), grads_of(model, expected.loss))
-    assert _rewrites_since(before).get("rms_norm", 0) >= 5
+    rewrites = llama_trained_at_two_lengths(_options(True), "norms")
+    assert rewrites.get("rms_norm", 0) >= 5
 
 
 def test_dump_shows_the_rewrite(tmp_path):
@@ -225,7 +213,7 @@ def test_chain_node_read_elsewhere_is_kept():
 
     before = collections.Counter(pipeline.counters)
     check_against_eager(fn, torch.randn(4, 16), torch.randn(16), options=_options(True))
-    assert _rewrites_since(before) == {"rms_norm": 1, "kept": 2}
+    assert rewrites_since("norms", before) == {"rms_norm": 1, "kept": 2}
 
 
 def test_narrowing_convert_is_not_fused():
@@ -239,7 +227,7 @@ def test_narrowing_convert_is_not_fused():
 
     before = collections.Counter(pipeline.counters)
     check_against_eager(fn, torch.randn(4, 16), options=_options(True))
-    assert _rewrites_since(before) == {}
+    assert rewrites_since("norms", before) == {}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
