@@ -103,15 +103,9 @@ def _row_mean(node) -> bool:
 
 
 def _scalar_tensor(before: torch.fx.Node, value: float, like: torch.fx.Node) -> torch.fx.Node:
-    """A 0-d tensor of `value` in the dtype `like` accumulates in, its fake value made in
-    `like`'s fake mode (`insert_call` finds the mode from tensor arguments; this has none)."""
+    """A 0-d tensor of `value` in the dtype `like` accumulates in."""
     acc = torch.promote_types(like.meta["val"].dtype, torch.float32)
-    with before.graph.inserting_before(before):
-        node = before.graph.call_function(aten.scalar_tensor.default, (value,), {"dtype": acc})
-    mode = torch._guards.detect_fake_mode([like.meta["val"]])
-    with mode if mode is not None else torch._subclasses.fake_tensor.unset_fake_temporarily():
-        node.meta["val"] = torch.scalar_tensor(value, dtype=acc)
-    return node
+    return insert_call(before, aten.scalar_tensor.default, (value,), {"dtype": acc})
 
 
 def _eps(c) -> bool:

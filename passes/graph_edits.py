@@ -9,12 +9,17 @@ aten = torch.ops.aten
 
 
 def insert_call(before: torch.fx.Node, target, args, kwargs=None) -> torch.fx.Node:
-    """A call of `target` before `before`, its meta["val"] from the fake values of its args."""
+    """A call of `target` before `before`, its meta["val"] from the fake values of its args,
+    in their fake mode (the graph inputs' where the args hold no tensor)."""
     graph = before.graph
     with graph.inserting_before(before):
         node = graph.call_function(target, tuple(args), kwargs)
     vals = torch.fx.node.map_arg(node.args, lambda n: n.meta["val"])
-    mode = torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+    if not tensors:  # e.g. scalar_tensor(eps): the graph's own fake mode, from its inputs
+        tensors = [n.meta.get("val") for n in graph.nodes if n.op == "placeholder"]
+        tensors = [v for v in tensors if isinstance(v, torch.Tensor)]
+    mode = torch._guards.detect_fake_mode(tensors)
     with mode if mode is not None else torch._subclasses.fake_tensor.unset_fake_temporarily():
         node.meta["val"] = target(*vals, **node.kwargs)
     node.meta["stack_trace"] = before.meta.get("stack_trace")

@@ -140,12 +140,13 @@ class SizeDispatch:
 
     def _say_if_failed(self, future: Future) -> None:
         """Log a compile handed to a pool that failed (in the background no call may wait)."""
-        if future.exception() is not None:
+        error = future.exception()
+        if error is not None:
             log.warning(
                 "tpu_inductor: %s: a compile ahead of its calls failed (a call of these sizes "
                 "raises it): %s",
                 self._name,
-                future.exception(),
+                error,
             )
 
     def _keep(self, key: tuple, compiled: Callable[[list], list]) -> None:

@@ -490,7 +490,7 @@ class CompiledGraph:
         self._shardings = mesh_placement.argument_shardings(device, lowered, executable)
         self._result_shardings = mesh_placement.result_shardings(device, lowered, executable)
         self._multiprocess = bool(device.mesh) and distributed.active()
-        self._seed_agreed = False
+        self._seed_agreed = not self._multiprocess  # one process: nothing to agree with
         self.per_call = collections.Counter()  # what one steady-state call moves
         for slot, _, _ in self._per_call:
             self.per_call[ledger.HOST_TO_DEVICE, "argument"] += sizes[slot]
@@ -542,7 +542,7 @@ class CompiledGraph:
             self._publish(args[position], arrays[slot])
         if self.lowered.uses_rng:
             seed = torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32)
-            if self._multiprocess and not self._seed_agreed:  # each process sends its own
+            if not self._seed_agreed:  # each process sends its own seed to its devices
                 distributed.agree("the random seed of a graph's first call", str(seed.tolist()))
                 self._seed_agreed = True
             arrays.insert(0, to_device(seed, shardings[-1]))
