@@ -164,6 +164,54 @@ def test_as_strided_outside_what_it_can_read_runs_in_eager():
         assert_same(compiled(x), read(x))
 
 
+def test_as_strided_of_an_input_at_an_explicit_offset_returned_is_the_input_viewed():
+    """Returned as it is, a view of an input at an absolute offset is made at run time from the
+    input the graph is called with (its own storage, eager's strides and offset): one compiled
+    graph is right for inputs lying anywhere in larger storages, the result aliases the input
+    (a write through it shows in the input), and a gradient flows back. Reading past the input
+    the graph was compiled for, or using the view in the graph, still runs in eager torch."""
+    base = torch.arange(40.0)
+    calls = [
+        (lambda x: torch.as_strided(x, (2, 2), (1, 2), 1), (3, 3)),
+        (lambda x: torch.as_strided(x, (2, 2), (1, 2), 0), (3, 3)),
+        (lambda x: (torch.as_strided(x, (3,), (2,), 2), x.as_strided((0,), (1,), 5)), (2, 4)),
+    ]
+    for fn, shape in calls:
+        compiled = torch.compile(fn, backend="tpu_inductor", options=STRICT, dynamic=False)
+        size = shape[0] * shape[1]
+        for x in (torch.randn(shape), base[:size].view(shape), base[7 : 7 + size].view(shape)):
+            got, want = compiled(x), fn(x)
+            assert_same(got, want)
+            for g, w in zip(_as_list(got), _as_list(want)):
+                assert (g.stride(), g.storage_offset()) == (w.stride(), w.storage_offset())
+                assert g.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    compiled = torch.compile(calls[0][0], backend="tpu_inductor", options=STRICT)
+    written, want = base.clone(), base.clone()
+    compiled(written[3:12].view(3, 3)).mul_(-1)
+    calls[0][0](want[3:12].view(3, 3)).mul_(-1)
+    assert_same(written, want)
+    assert written[1:5].lt(0).all()  # storage the input does not cover: the offset is absolute
+    # Training: the view's gradient is the input's, as in eager.
+    x = torch.randn(3, 3, requires_grad=True)
+    weight = torch.randn(2, 2)
+    compiled = torch.compile(calls[0][0], backend="tpu_inductor", options=STRICT)
+    (grad,) = torch.autograd.grad((compiled(x) * weight).sum(), x)
+    (want,) = torch.autograd.grad((calls[0][0](x) * weight).sum(), x)
+    assert_same(grad, want)
+    for fn in (
+        lambda x: torch.as_strided(x, (2, 2), (1, 2), 20),  # past the compiled input's values
+        lambda x: (lambda v: (v, v * 2))(torch.as_strided(x, (2, 2), (1, 2), 1)),  # read here
+    ):
+        x = base[:20].view(4, 5)
+        assert_same(torch.compile(fn, backend="tpu_inductor", dynamic=False)(x), fn(x))
+        with pytest.raises(Exception, match="as_strided"):
+            torch.compile(fn, backend="tpu_inductor", options=STRICT, dynamic=False)(x)
+
+
+def _as_list(value) -> list:
+    return list(value) if isinstance(value, tuple) else [value]
+
+
 def test_as_strided_past_its_arguments_storage_is_an_error_with_symbolic_sizes():
     """jax would clamp the reads past the end; eager torch raises (or reads a larger base)."""
     fn = lambda x: (x * 1).as_strided((x.shape[0] + 2,), (1,))  # noqa: E731

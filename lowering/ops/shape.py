@@ -306,11 +306,12 @@ def _reads_its_storage(node, at: int = 1) -> bool:
     that its first argument covers, from offset 0, in a dense, non-overlapping layout of any dim
     order (its storage is then its values, reordered). With symbolic sizes, only a contiguous
     argument from offset 0 (the bounds are checked at lowering). A graph input read at an
-    explicit offset is left to eager torch: the offset is absolute, and the same graph may be
-    called with a view of the input's storage at another offset."""
+    explicit offset is left to eager torch (the offset is absolute, and the same graph may be
+    called with a view of the input's storage at another offset), unless the view is only
+    returned: the caller then views the input it was called with."""
     base, size, stride = node.args[0].meta["val"], node.args[at], node.args[at + 1]
     offset = node.args[at + 2] if len(node.args) > at + 2 else node.kwargs.get("storage_offset")
-    if offset is not None and node.args[0].op == "placeholder":
+    if offset is not None and node.args[0].op == "placeholder" and not _viewed_at_run_time(node):
         return False
     offset = 0 if offset is None else offset
     layout = [*base.shape, *base.stride(), base.storage_offset()]
@@ -319,6 +320,15 @@ def _reads_its_storage(node, at: int = 1) -> bool:
     if base.storage_offset() != 0 or dense_dim_order(base.shape, base.stride()) is None:
         return False
     return 0 in size or _last_position(size, stride, offset) < base.numel()
+
+
+def _viewed_at_run_time(node) -> bool:
+    """Whether a view of a graph input is only returned (every user is the output node): an
+    output that views an input is made at run time from the input the graph is called with
+    (eager's size, strides and absolute offset on that input's storage: stablehlo's
+    `_aliased_outputs`, AOTAutograd's regenerated aliases), so the module's value goes unused.
+    No backward reads it either: as_strided's gradient needs only the geometry."""
+    return bool(node.target.is_view and node.users and all(u.op == "output" for u in node.users))
 
 
 def _last_position(size, stride, offset) -> int:

@@ -15,12 +15,6 @@ EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
             "data-dependent shapes or values, Dynamo graph-breaks and eager runs it: DynamicOutputShapeException: aten.nonzero.default",
         ),
     },
-    "as_strided": {
-        "float32": (
-            "unsupported",
-            "an input read at an explicit storage offset runs in eager torch (the offset is absolute in the input's storage; a compiled graph is reused for inputs at other offsets)",
-        ),
-    },
     "as_strided_copy": {
         "float32": (
             "unsupported",
