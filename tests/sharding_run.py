@@ -7,7 +7,8 @@ and prints one JSON line per plan: an inference call's logits against the one-de
 run's, each step's loss, the largest relative difference of the losses, the first step's
 gradients and the parameters from the one-device run (and, as the yardstick, of the
 one-device run's parameters from eager PyTorch's), the PJRT compiles and Dynamo graphs traced
-after the first step, and the compile records' communication reports from the dump folder.
+after the first step, the compile records' communication reports from the dump folder, and
+the grouped matmuls made expert-parallel in the first graph of each kind.
 
 Plans: dp (batch over data=8), fsdp (parameters and batch over data=8), tp (tensor parallel
 over model=8), tp_dp (tensor parallel over model=4, batch over data=2), ep (the zoo MoE's 4 stacked
@@ -133,10 +134,12 @@ def main(argv=None) -> int:
         options = {"dump_dir": str(dump)}
         run = train(copy.deepcopy(model), inputs, args.steps, _plans()[name], options)
         loss_diff = max(abs(a - b) / abs(b) for a, b in zip(run.losses, one.losses))
-        graphs = {}
+        graphs, expert = {}, {}
         for c in report.load_run(dump):
             if c.get("communication"):
                 graphs[c["graph"]] = c["communication"]
+            rewrites = c.get("pass_rewrites", {}).get("annotate_sharding", {})
+            expert.setdefault(c["graph"].rsplit("_", 1)[0], rewrites.get("expert_parallel", 0))
         print(
             json.dumps(
                 {
@@ -154,6 +157,7 @@ def main(argv=None) -> int:
                     "compiles_after_first_step": run.new[0],
                     "graphs_traced_after_first_step": run.new[1],
                     "communication": graphs,
+                    "expert_parallel": expert,  # first graph of each kind: matmuls rewritten
                     "parameter_bytes": sum(p.numel() * 4 for p in model.parameters()),
                 }
             ),

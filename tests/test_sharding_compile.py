@@ -83,17 +83,74 @@ def test_sharded_training_equals_one_device_with_the_collectives_each_plan_impli
 
 
 def test_an_moe_decoder_with_expert_parallel_trains_as_on_one_device(tmp_path):
-    """The experts' stacked weights split over 4 devices (a quarter each); the partitioner
-    combines the experts' partial results with all-reduces (the Hugging Face grouped_mm
-    implementation keeps tokens whole, so there is no token dispatch to make an all-to-all)."""
+    """The experts' stacked weights split over expert=4 (a quarter each); each grouped matmul
+    is expert-parallel (passes/annotate_sharding.py: `expert_mm`): sorted token rows go to the
+    devices holding their experts and back by all-to-all, in the forward (two per matmul) and
+    the backward (three: the rows, the gradient, the rows' gradient back). Inference, three
+    AdamW steps and every gradient as on one device, without a new compile."""
     (row,) = _run("qwen3_moe", ["ep"], tmp_path, 3, "--experts", "grouped_mm").values()
     assert row["logits_rel_diff"] < 1e-5 and row["loss_rel_diff"] < 1e-5, row["losses"]
     assert row["grad_rel_diff"] < 1e-5
     assert row["param_rel_diff"] <= row["compiled_param_rel_diff"]
     assert row["compiles_after_first_step"] == 0 == row["graphs_traced_after_first_step"]
+    layers = hf_zoo.TINY.layers
+    for kind, per_matmul in (("inference", 2), ("forward", 2), ("backward", 3)):
+        assert row["expert_parallel"][kind] == 2 * layers, (kind, row["expert_parallel"])
+        collectives = _collectives(row, kind)["collectives"]
+        assert collectives["all-to-all"]["count"] == per_matmul * 2 * layers, kind
     forward = _collectives(row, "forward")
     assert forward["per_device_bytes"]["arguments"] < row["parameter_bytes"]
-    assert forward["collectives"]["all-reduce"]["count"] > 0
+
+
+def test_expert_parallel_grouped_matmuls_drop_no_row_whatever_the_routing(tmp_path):
+    """One grouped matmul (transformers' float32 op) with 8 experts over expert=4, rows split
+    over data=2: balanced routing, every row to one device's experts, every row to the first
+    expert, rows past the last offset, a row count the mesh does not divide: forward and both
+    gradients equal eager's, all by one executable (the routing is a runtime value)."""
+    code = f"""
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import json, torch, tpu_inductor
+import transformers.integrations.moe  # registers transformers::grouped_mm_fallback
+from tpu_inductor import report, sharding_plans
+torch.manual_seed(0)
+class Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.experts = torch.nn.ParameterDict({{"w": torch.nn.Parameter(torch.randn(8, 16, 12))}})
+    def forward(self, x, offs):
+        return torch.ops.transformers.grouped_mm_fallback(x, self.experts["w"], offs)
+layer, mesh = Layer(), tpu_inductor.Mesh({{"data": 2, "expert": 4}})
+tpu_inductor.shard(layer, mesh, sharding_plans.expert_parallel("expert"))
+compiled = torch.compile(layer, backend="tpu_inductor", options={{"dump_dir": {str(tmp_path)!r}}})
+x, ct = torch.randn(36, 16), torch.randn(36, 12)
+errors, compiles = [], []
+for sizes in ([5, 4, 5, 4, 5, 4, 5, 4], [0, 0, 0, 0, 0, 0, 30, 6], [36] + [0] * 7,
+              [3] * 8, [0, 9, 0, 0, 0, 0, 0, 0]):
+    offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
+    results = []
+    for run in (compiled, layer):
+        xs = x.clone().requires_grad_()
+        tpu_inductor.mark_sharding(xs, mesh, ("data", None))
+        out = run(xs, offs)
+        (out * ct).sum().backward()
+        results.append((out.detach(), xs.grad, layer.experts["w"].grad))
+        layer.experts["w"].grad = None
+    errors.append(max(((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
+                      for a, b in zip(*results)))
+    compiles.append(tpu_inductor.compiles())
+print(json.dumps({{"errors": errors, "compiles": compiles, "communication": [
+    c["communication"]["collectives"] for c in report.load_run({str(tmp_path)!r})]}}))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=_ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert max(result["errors"]) < 1e-5, result
+    assert len(set(result["compiles"])) == 1, result  # one forward, one backward, reused
+    forward, backward = result["communication"]
+    assert forward["all-to-all"]["count"] == 2 and backward["all-to-all"]["count"] == 3, result
 
 
 def test_a_model_placed_by_name_globs_and_styles_trains_as_on_one_device(tmp_path):

@@ -219,8 +219,11 @@ def tensor_parallel(axis: str = "model"):
 
 def expert_parallel(axis: str = "expert"):
     """Expert parallelism for MoE layers whose experts are stacked ([experts, ...] tensors under
-    an `experts` module): each device holds experts / axis of them; the partitioner routes the
-    tokens (all-to-all or gathers)."""
+    an `experts` module): each device holds experts / axis of them. A grouped matmul over
+    tokens sorted by expert (Hugging Face's "grouped_mm" experts) then sends each token to the
+    devices holding its experts and back by all-to-all, dropping none (passes/annotate_sharding,
+    `expert_mm`); other expert code is split by the partitioner (all-reduces of partial
+    results). Split the batch over the other axes with `mark_sharding`."""
 
     def plan(model, mesh):
         specs = {
