@@ -149,6 +149,10 @@ def lower(
     require_concrete(gm)
     runner = GraphRunner(gm, x64=x64, platform=platform)
     tensor_inputs, specs = tensor_input_specs(inputs)
+    if shardings is None:  # an input nothing reads is no argument: it never crosses
+        read = [bool(n.users) for n in gm.graph.nodes if n.op == "placeholder"]
+        kept = [(p, s) for p, s in zip(tensor_inputs, specs) if read[p]]
+        tensor_inputs, specs = tuple(p for p, _ in kept), tuple(s for _, s in kept)
     passed_through = _passed_through_inputs(gm, tensor_inputs)
     views, bases = _aliased_outputs(gm, passed_through, separate_outputs)
     structure: dict[str, Any] = {}

@@ -21,17 +21,14 @@ states once per projection, bucketing masks each weight gradient's x on its own)
 merges fire at symbolic sizes too. GPT-2 has no group: Conv1D's c_attn already holds Q, K
 and V in one weight, and no two of its projections share an input.
 
-Where the concatenation happens: inside the graph, chosen by measuring (README "Matmul
-merging", `tools/bench_fuse_attention.py --fusion matmuls`). A training step meets a new
-parameter version on every call, so there "once per parameter version" is once per call
-anyway. At inference XLA fuses the concatenation into the dot for one token (a decode step:
-no copy, 0 MiB of temporaries) and copies the weights once per call from 16 tokens on (24 MiB
-at hidden 2048, +1.1 ms on 3.6; the zoo's Llama at hidden 512: 18.3 -> 28.3 MiB). Hoisting
-it out (the graph given one weight made once per parameter version, keyed on the sources'
-identity and `_version`) saves that copy; on this CPU the one-weight form ran as fast as the
-three matmuls at 16 tokens and 10-30% faster at 512, within the machine's noise, so the
-runtime cache of derived parameters it needs (a new kind of argument beside AOTAutograd's)
-is not built yet, and the pass is off by default.
+Where the concatenation happens: each concatenation of weights is marked
+`meta[hoist_weights.MARK]`; an inference graph has it split out and made once per parameter
+version (passes/hoist_weights.py, tpu_inductor/hoisted.py), a training graph (whose parameters
+change every call anyway) and an AOT artifact do it in the graph. In the graph, XLA fuses it
+into the dot for one token and copies the weights once per call from 16 tokens on (24 MiB at
+hidden 2048, +1.1 ms on 3.6; the zoo's Llama at hidden 512: 18.3 -> 28.3 MiB of temporaries,
+18.3 again hoisted). Off by default: on this CPU the merged models ran within the noise of the
+unmerged ones (README "Matmul merging").
 
 Preserves: every result (each column or row of the merged matmul is the dot product it was;
 float32 equal to 1e-6 against the unfused graph, tests/test_fuse_matmuls.py), `node.meta["val"]`
@@ -46,6 +43,7 @@ import collections
 
 import torch
 
+from . import hoist_weights
 from .context import PassContext
 from .fuse_patterns import same
 from .graph_edits import insert_call
@@ -213,7 +211,9 @@ def _merge(group: list[torch.fx.Node], kind: str, order: dict) -> None:
         left = insert_call(after, aten.cat.default, ([_operands(n)[0] for n in group], 0))
         args, dim = (left, shared), 0
     if first.target is aten.addmm.default:
-        args = (insert_call(after, aten.cat.default, ([n.args[0] for n in group],)), *args)
+        bias = insert_call(after, aten.cat.default, ([n.args[0] for n in group],))
+        bias.meta[hoist_weights.MARK] = kind == "shared_input"  # biases, graph inputs
+        args = (bias, *args)
     merged = insert_call(after, first.target, args)
     start = 0
     for node in group:
@@ -232,7 +232,7 @@ def _concatenated_weights(rights: list[torch.fx.Node], after: torch.fx.Node) -> 
     """[W1ᵀ | W2ᵀ | ...] as t(cat(W_i)) for transposed weights (a fused Linear's weight),
     cat(W_i, 1) for Conv1D's."""
     weights = [_weight(w) for w in rights]
-    if weights[0][1]:
-        cat = insert_call(after, aten.cat.default, ([w for w, _ in weights], 0))
-        return insert_call(after, aten.permute.default, (cat, [1, 0]))
-    return insert_call(after, aten.cat.default, ([w for w, _ in weights], 1))
+    transposed = weights[0][1]
+    cat = insert_call(after, aten.cat.default, ([w for w, _ in weights], 0 if transposed else 1))
+    cat.meta[hoist_weights.MARK] = True  # made once per parameter version at inference
+    return insert_call(after, aten.permute.default, (cat, [1, 0])) if transposed else cat

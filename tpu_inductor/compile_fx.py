@@ -17,6 +17,7 @@ whose `run(stage, fn)` times stages 3-5 and dumps what they made.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -30,13 +31,14 @@ from . import (
     cached_compile,
     debug,
     dispatch,
+    hoisted,
     lowering,
     partition,
     runtime,
     sharding,
 )
 from .config import Options
-from .passes import annotate_sharding, bucket_shapes, pipeline, shapes
+from .passes import annotate_sharding, bucket_shapes, hoist_weights, pipeline, shapes
 from .passes.context import PassContext
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,11 @@ def compile_graph(
         if layout is not None:
             device = runtime.mesh_device(device.platform, layout.mesh.axes)
         missing = partition.missing(gm, options, device.lowering_platform)
+        hoist = None if missing else _hoisted_split(gm, kind, static_inputs, len(example_inputs))
+        if hoist is not None:
+            return _compile_hoisted(
+                hoist, example_inputs, observer, options, device, static_inputs, roles
+            )
         if not missing:
             return _compile_whole(
                 gm, example_inputs, observer, options, device, static_inputs, roles
@@ -170,6 +177,50 @@ def _compile_whole(
     if isinstance(layout, bucket_shapes.BucketLayout):
         return bucketing.BucketDispatch(sizes, layout, options.shapes, observer)
     return sizes
+
+
+def _hoisted_split(gm, kind: str, static_inputs, inputs: int) -> hoist_weights.Split | None:
+    """An inference graph's work on its parameters alone, split out to be done once per
+    parameter version (a training graph's parameters change every call: done in the graph).
+    Not over a mesh: each graph there splits its own arguments over the devices."""
+    if kind != "inference" or gm.meta.get("sharding") is not None:
+        return None
+    return hoist_weights.split(gm, frozenset(static_inputs), inputs)
+
+
+def _compile_hoisted(
+    split: hoist_weights.Split, example_inputs, observer, options, device, static_inputs, roles
+) -> hoisted.HoistedGraph:
+    """Stages 3-6 of both halves of a hoisted split: the prologue's results stay on the device
+    (saved outputs, kept) and the main graph takes them as a backward takes saved activations,
+    after the caller's inputs (and before a bucketed graph's true sizes)."""
+    made = debug.GraphObserver(f"{observer.name}_weights", options)
+    made.graph("hoisted_prologue", split.prologue)
+    observer.graph("hoisted_main", split.main)
+    sources = [example_inputs[i] for i in split.sources]
+    values = list(split.prologue.graph.output_node().meta["val"])
+    prologue = _compile_whole(
+        split.prologue,
+        sources,
+        made,
+        options,
+        device,
+        range(len(sources)),
+        runtime.GraphRoles(saved_outputs=tuple(range(len(values)))),
+    )
+    roles = roles or runtime.GraphRoles()
+    added = tuple(range(len(example_inputs), len(example_inputs) + len(values)))
+    main_roles = dataclasses.replace(roles, saved_inputs=(*roles.saved_inputs, *added))
+    main = _compile_whole(
+        split.main,
+        [*example_inputs, *values],
+        observer,
+        options,
+        device,
+        static_inputs,
+        main_roles,
+    )
+    return hoisted.HoistedGraph(prologue, main, split.sources, split.prologue_only)
 
 
 def _concrete_signature(inputs: Sequence[Any]) -> tuple | None:

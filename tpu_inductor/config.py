@@ -71,8 +71,8 @@ class FusionOptions:
     # figures (tools/bench_fuse_attention.py). On once the TPU lowering is Splash attention
     attention: bool = False
     # matmuls sharing an input (Q/K/V, gate/up; their weights' gradients) → one matmul against
-    # the weights concatenated in the graph, split after (passes/fuse_matmuls.py). Off: within
-    # the noise here, and the concatenated weights are copied per call (README "Matmul merging")
+    # the weights concatenated (at inference once per parameter version), split after
+    # (passes/fuse_matmuls.py). Off: within the noise here (README "Matmul merging")
     matmuls: bool = False
     # written-out RMSNorm / LayerNorm → one op (passes/fuse_norms.py). Off: XLA fuses the
     # unfused chain as well on this CPU (README "Norm fusion"); its value is one op for the TPU

@@ -20,7 +20,8 @@ seen on an accelerator: as with `resident_params`.)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -160,6 +161,10 @@ class Mirrors:
         self._memory_devices.add(device_key)
         self._by_memory[_memory(tensor, device_key)] = (device_key, stamp(tensor), array, weak)
 
+    def discard(self, tensor: torch.Tensor) -> None:
+        """Forget `tensor`'s device copy (its memory is freed unless a graph holds it)."""
+        self._copies.pop(tensor, None)
+
     def clear(self) -> None:
         self._copies.clear()
         self._by_memory.clear()
@@ -184,3 +189,25 @@ def stamp(tensor: torch.Tensor) -> tuple[int, int]:
 
 
 mirrors = Mirrors()
+
+
+class Watched:
+    """State made from some tensors (their device arrays, what was computed from them), which its
+    owner drops when one of them dies: an identity or a storage could then be reused by another
+    tensor, which must never read it. `owner.drop_state(state)`; keeps neither alive."""
+
+    _finalizers: list = []
+
+    def watch(self, tensors: Sequence[torch.Tensor], owner: Any) -> None:
+        refs = weakref.ref(owner), weakref.ref(self)
+        self._finalizers = [weakref.finalize(t, _drop, *refs) for t in tensors]
+
+    def unwatch(self) -> None:
+        for finalizer in self._finalizers:
+            finalizer.detach()
+
+
+def _drop(owner_ref, state_ref) -> None:
+    owner, state = owner_ref(), state_ref()
+    if owner is not None and state is not None:
+        owner.drop_state(state)

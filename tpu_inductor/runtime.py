@@ -22,7 +22,6 @@ import logging
 import math
 import os
 import threading
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -712,7 +711,14 @@ class CompiledGraph:
             self._publish(tensor, array)
         return array
 
-    def _forget_resident(self, state: _Resident) -> None:
+    def release_parameters(self) -> None:
+        """Drop this graph's device copies of its parameters (sent again at the next call): a
+        graph run once per parameter version (hoisted.py) need not hold them between."""
+        self._resident.unwatch()
+        self.drop_state(self._resident)
+
+    def drop_state(self, state: _Resident) -> None:
+        """`state` is no longer current (a parameter it holds died)."""
         if self._resident is state:
             self._resident = _Resident.empty(len(state.arguments))
 
@@ -740,32 +746,17 @@ def _nbytes(spec, dtype: torch.dtype) -> int:
     return math.prod(spec.shape) * dtype.itemsize
 
 
-class _Resident:
+class _Resident(residency.Watched):
     """Parameters on the device: their stamp, the module's argument list with their arrays,
-    which of them are CPU copies (sent on every call), and a finalizer per parameter that
-    drops this state from its graph when the parameter dies."""
+    and which of them are CPU copies (sent on every call); dropped from its graph when a
+    parameter dies."""
 
     def __init__(self, stamp: list, arguments: tuple, copies: frozenset[int]):
         self.stamp, self.arguments, self.copies = stamp, arguments, copies
-        self._finalizers: list = []
 
     @classmethod
     def empty(cls, arguments: int) -> _Resident:
         return cls([], (None,) * arguments, frozenset())
-
-    def watch(self, tensors: Sequence[torch.Tensor], graph: CompiledGraph) -> None:
-        refs = weakref.ref(graph), weakref.ref(self)  # nor do they keep the graph or its arrays
-        self._finalizers = [weakref.finalize(t, _forget, *refs) for t in tensors]
-
-    def unwatch(self) -> None:
-        for finalizer in self._finalizers:
-            finalizer.detach()
-
-
-def _forget(graph_ref, state_ref) -> None:
-    graph, state = graph_ref(), state_ref()
-    if graph is not None and state is not None:
-        graph._forget_resident(state)
 
 
 def _numpy_copy(tensor: torch.Tensor):
