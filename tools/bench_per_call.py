@@ -1,0 +1,88 @@
+"""Where one call of a 1-op compiled graph (`x + 1`, 8 floats) spends its time: the whole call
+under backend="eager" (Dynamo's guard and frame), Inductor and tpu_inductor, and ours broken
+into AOTAutograd's wrappers, our runtime's Python, the transfers and the PJRT execution.
+
+    .venv/bin/python tools/bench_per_call.py [--rounds 15] [--calls 2000]
+
+Every case is timed in one process, interleaved round by round; each figure is the median of
+the rounds (µs per call). The pieces are timed on their own, so they add up only roughly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tpu_inductor import runtime  # noqa: E402
+
+
+def _compiled(backend: str):
+    torch._dynamo.reset()
+    options = {"options": {"cache": False}} if backend == "tpu_inductor" else {}
+    return torch.compile(lambda x: x + 1, backend=backend, **options)
+
+
+def cases(x: torch.Tensor) -> dict:
+    """name -> a no-argument call, built once (compiles here, not while timing)."""
+    timed = {}
+    for backend in ("eager", "inductor", "tpu_inductor"):
+        compiled = _compiled(backend)
+        compiled(x)
+        timed[f"whole call, backend={backend}"] = lambda c=compiled: c(x)
+    graph = [o for o in gc.get_objects() if type(o) is runtime.CompiledGraph][-1]
+    transfer, executable = graph._transfer, graph.executable
+    array = transfer.to_device(x)
+    result = executable.execute([array])[0]
+    timed["ours: runtime.CompiledGraph call"] = lambda: graph([x])
+    timed["  to_device (torch -> jax, dlpack)"] = lambda: transfer.to_device(x)
+    timed["  PJRT execute (+ result arrays)"] = lambda: executable.execute_sharded(
+        [array]
+    ).disassemble_into_single_device_arrays()
+    timed["  to_torch (jax -> torch, dlpack)"] = lambda: transfer.to_torch(result)
+    return timed
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=2000)
+    args = parser.parse_args(argv)
+    timed = cases(torch.randn(8))
+    samples: dict[str, list[float]] = {name: [] for name in timed}
+    for _ in range(args.rounds):
+        for name, call in timed.items():
+            for _ in range(100):
+                call()
+            start = time.perf_counter()
+            for _ in range(args.calls):
+                call()
+            samples[name].append((time.perf_counter() - start) / args.calls * 1e6)
+    medians = {name: statistics.median(v) for name, v in samples.items()}
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; µs per call")
+    for name, value in medians.items():
+        print(f"{name:45s} {value:8.2f}")
+    ours, inductor = (
+        medians["whole call, backend=tpu_inductor"],
+        medians["whole call, backend=inductor"],
+    )
+    guard = medians["whole call, backend=eager"]
+    inner = medians["ours: runtime.CompiledGraph call"]
+    print(f"{'ours / Inductor':45s} {ours / inductor:8.2f}x")
+    print(f"{'ours: guard and frame (backend=eager)':45s} {guard:8.2f}")
+    print(
+        f"{'ours: AOTAutograd wrappers (whole - guard - runtime)':45s} {ours - guard - inner:8.2f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
