@@ -32,6 +32,9 @@ KINDS = {
 
 CALLS = ("calls", "")  # the key that counts executions, besides the bytes
 _process: collections.Counter = collections.Counter()  # (direction, kind) → bytes
+# A graph's steady-state call, counted on the call path as one increment: its entries (a
+# tuple of ((direction, kind), bytes), CALLS included) → calls; summed into bytes when read.
+_calls: collections.Counter = collections.Counter()
 
 
 def add(
@@ -42,6 +45,23 @@ def add(
         _process[key] += count
         if ledger is not None:
             ledger[key] += count
+
+
+def add_call(entries: tuple) -> None:
+    """One call of a graph whose steady state moves `entries` (CALLS among them)."""
+    _calls[entries] += 1
+
+
+def summed(calls: collections.Counter, *others: collections.Counter) -> collections.Counter:
+    """(direction, kind) → bytes of `calls` (entries → calls, as `add_call` counts them), and
+    of `others`."""
+    total: collections.Counter = collections.Counter()
+    for other in others:
+        total.update(other)
+    for entries, count in calls.items():
+        for key, size in entries:
+            total[key] += size * count
+    return total
 
 
 def as_dict(ledger: collections.Counter) -> dict[str, dict[str, int]]:
@@ -55,9 +75,11 @@ def as_dict(ledger: collections.Counter) -> dict[str, dict[str, int]]:
 def transfers() -> dict:
     """The bytes this process moved (or, on the CPU, would have moved on an accelerator)
     between host and device, by direction and kind, and the executions counted."""
-    return {**as_dict(_process), "calls": _process[CALLS]}
+    total = summed(_calls, _process)
+    return {**as_dict(total), "calls": total[CALLS]}
 
 
 def reset() -> None:
     """Start the process's ledger again from zero (a benchmark's steady state, a test)."""
     _process.clear()
+    _calls.clear()

@@ -501,7 +501,14 @@ class CompiledGraph:
                 kind = "saved" if kind == "kept" else kind
                 self.per_call[ledger.DEVICE_TO_HOST, kind] += _nbytes(spec, spec.dtype)
         self._per_call_entries = (*self.per_call.items(), (ledger.CALLS, 1))
-        self.ledger = collections.Counter()  # every call of this graph, by (direction, kind)
+        self._steady_calls = 0
+        self._crossed = collections.Counter()  # what crossed besides, by (direction, kind)
+
+    @property
+    def ledger(self) -> collections.Counter:
+        """Every call of this graph: bytes by (direction, kind), and the calls (ledger.CALLS)."""
+        calls = collections.Counter({self._per_call_entries: self._steady_calls})
+        return ledger.summed(calls, self._crossed)
 
     def output_partition_specs(self) -> dict[int, tuple]:
         """Over a mesh: graph output index → the partition spec (per dim, a mesh axis or None)
@@ -548,7 +555,8 @@ class CompiledGraph:
         if self._multiprocess:
             distributed.execution_started()
         results = self._results(self.executable.execute_sharded(arrays))
-        ledger.add(self._per_call_entries, self.ledger)
+        ledger.add_call(self._per_call_entries)
+        self._steady_calls += 1
         outs = self._outputs(results)
         if self._multiprocess:
             distributed.execution_finished()
@@ -636,7 +644,7 @@ class CompiledGraph:
                     self._publish(value, array)
             arrays[slot] = array
         if sent:
-            ledger.add(sent.items(), self.ledger)
+            ledger.add(sent.items(), self._crossed)
 
     def _resharded(self, array, sharding):
         """`array` (a saved activation on this mesh) split as this module takes it: moved
@@ -705,7 +713,7 @@ class CompiledGraph:
         value = tensor if cast is None else tensor.to(cast)
         array = self._transfer.to_device(value, self._shardings[slot])
         ledger.add(
-            [((ledger.HOST_TO_DEVICE, "parameter"), self._resident_bytes[index])], self.ledger
+            [((ledger.HOST_TO_DEVICE, "parameter"), self._resident_bytes[index])], self._crossed
         )
         if key is not None:
             self._publish(tensor, array)
