@@ -39,6 +39,11 @@ class Split:
     sources: tuple[int, ...]
     prologue_only: tuple[int, ...]
 
+    @property
+    def made(self) -> tuple:
+        """The fake values of the prologue's results (main's new inputs)."""
+        return tuple(self.prologue.graph.output_node().meta["val"])
+
 
 def split(gm: torch.fx.GraphModule, static: frozenset[int], inputs: int) -> Split | None:
     """The graph's marked parameter-only work split out, or None where there is none.

@@ -673,3 +673,35 @@ def test_xla_flags_naming_the_option_win_over_ours(monkeypatch):
     device = runtime.select_device("cpu")
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=-reduce")
     assert runtime._placement(device)[1].env_option_overrides == []
+
+
+def test_a_graph_pjrt_cannot_compile_runs_in_eager_torch_with_a_warning(monkeypatch, caplog):
+    """fallback="eager": a PJRT compile failure (here: every module) is a warning naming the
+    graph, and the graph runs in eager torch, equal to eager; fallback="error" raises."""
+    from tpu_inductor.exc import CompileError
+
+    def fails(_module, _device):
+        raise CompileError("PJRT failed (a test)")
+
+    monkeypatch.setattr(runtime, "compile_stablehlo", fails)
+    x = torch.randn(4, 3)
+    model = torch.nn.Linear(3, 2)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="tpu_inductor", options={"cache": False})
+    with caplog.at_level(logging.WARNING, logger="tpu_inductor"):
+        out = compiled(x)
+        grads = grads_of(model, out.sum())  # the backward graph too
+    assert_same(out, model(x))
+    assert_same(grads, grads_of(model, model(x).sum()))
+    assert caplog.text.count("runs in eager torch") == 2 and "a test" in caplog.text
+    torch._dynamo.reset()  # symbolic sizes: compiled per bucket at call time, padded there
+    dynamic = torch.compile(lambda t, n: t.softmax(-1) * n, backend="tpu_inductor", dynamic=True)
+    for rows in (3, 5, 6):
+        t = torch.randn(rows, 7)
+        assert_same(dynamic(t, rows), t.softmax(-1) * rows)
+    torch._dynamo.reset()
+    strict = torch.compile(
+        model, backend="tpu_inductor", options={"cache": False, "fallback": "error"}
+    )
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="a test"):
+        strict(x)

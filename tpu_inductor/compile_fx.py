@@ -17,7 +17,6 @@ whose `run(stage, fn)` times stages 3-5 and dumps what they made.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -31,6 +30,7 @@ from . import (
     cached_compile,
     debug,
     dispatch,
+    eager_graph,
     hoisted,
     lowering,
     partition,
@@ -38,6 +38,7 @@ from . import (
     sharding,
 )
 from .config import Options
+from .exc import CompileError
 from .passes import annotate_sharding, bucket_shapes, hoist_weights, pipeline, shapes
 from .passes.context import PassContext
 
@@ -191,35 +192,16 @@ def _hoisted_split(gm, kind: str, static_inputs, inputs: int) -> hoist_weights.S
 def _compile_hoisted(
     split: hoist_weights.Split, example_inputs, observer, options, device, static_inputs, roles
 ) -> hoisted.HoistedGraph:
-    """Stages 3-6 of both halves of a hoisted split: the prologue's results stay on the device
-    (saved outputs, kept) and the main graph takes them as a backward takes saved activations,
-    after the caller's inputs (and before a bucketed graph's true sizes)."""
+    """Stages 3-6 of both halves of a hoisted split (hoisted.roles: what each takes and keeps)."""
     made = debug.GraphObserver(f"{observer.name}_weights", options)
     made.graph("hoisted_prologue", split.prologue)
     observer.graph("hoisted_main", split.main)
     sources = [example_inputs[i] for i in split.sources]
-    values = list(split.prologue.graph.output_node().meta["val"])
-    prologue = _compile_whole(
-        split.prologue,
-        sources,
-        made,
-        options,
-        device,
-        range(len(sources)),
-        runtime.GraphRoles(saved_outputs=tuple(range(len(values)))),
-    )
-    roles = roles or runtime.GraphRoles()
-    added = tuple(range(len(example_inputs), len(example_inputs) + len(values)))
-    main_roles = dataclasses.replace(roles, saved_inputs=(*roles.saved_inputs, *added))
-    main = _compile_whole(
-        split.main,
-        [*example_inputs, *values],
-        observer,
-        options,
-        device,
-        static_inputs,
-        main_roles,
-    )
+    made_roles, main_roles = hoisted.roles(split, roles, len(example_inputs))
+    every = range(len(sources))
+    prologue = _compile_whole(split.prologue, sources, made, options, device, every, made_roles)
+    inputs = [*example_inputs, *split.made]
+    main = _compile_whole(split.main, inputs, observer, options, device, static_inputs, main_roles)
     return hoisted.HoistedGraph(prologue, main, split.sources, split.prologue_only)
 
 
@@ -275,15 +257,27 @@ class _Specializer:
         if self._separate:
             entries.append(("separate_outputs", tuple(sorted(self._separate))))
         record = self.observer.record(signature, self.fingerprint)
-        compiled = cached_compile.cached_compile(
-            cache.CacheKey.of(entries),
-            self.options,
-            self.device,
-            self.static_inputs,
-            record,
-            lambda: self._lower_and_compile(inputs, scalars, record),
-            self.roles,
-        )
+        try:
+            compiled = cached_compile.cached_compile(
+                cache.CacheKey.of(entries),
+                self.options,
+                self.device,
+                self.static_inputs,
+                record,
+                lambda: self._lower_and_compile(inputs, scalars, record),
+                self.roles,
+            )
+        except CompileError as error:  # PJRT's fault: the graph still runs, in eager torch
+            if self.options.fallback != "eager":
+                raise
+            log.warning(
+                "tpu_inductor: %s %s runs in eager torch (fallback='eager'); PJRT could not "
+                "compile it: %s",
+                record.graph,
+                record.inputs,
+                error,
+            )
+            return eager_graph.EagerGraph(self.gm, scalars)
         record.transfers = compiled.transfer_summary()
         debug.finish(record)
         return compiled

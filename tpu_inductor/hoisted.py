@@ -14,13 +14,25 @@ another tensor, which must never read them).
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import torch
 
-from . import residency, runtime
+from . import eager_graph, residency, runtime
 
 stats: collections.Counter = collections.Counter()  # prologue calls ("made"), process-wide
+
+
+def roles(split, roles: runtime.GraphRoles | None, inputs: int) -> tuple:
+    """(the prologue's roles, the main graph's) for a graph of `inputs` caller's inputs: the
+    prologue's results are saved outputs (kept on the device), the main graph's new inputs
+    after the caller's are saved inputs (taken as the device arrays they are)."""
+    count = len(split.made)
+    roles = roles or runtime.GraphRoles()
+    added = tuple(range(inputs, inputs + count))
+    main = dataclasses.replace(roles, saved_inputs=(*roles.saved_inputs, *added))
+    return runtime.GraphRoles(saved_outputs=tuple(range(count))), main
 
 
 class HoistedGraph:
@@ -28,7 +40,7 @@ class HoistedGraph:
 
     def __init__(
         self,
-        prologue: runtime.CompiledGraph,
+        prologue: runtime.CompiledGraph | eager_graph.EagerGraph,
         main: Callable[[list], list],
         sources: Sequence[int],
         prologue_only: Sequence[int] = (),
