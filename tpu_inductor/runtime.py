@@ -437,12 +437,17 @@ class CompiledGraph:
             )
         ]
         static, saved = frozenset(static_inputs), frozenset(saved_inputs) - frozenset(static_inputs)
-        mirrored = frozenset(roles.mirrored_inputs) - static - saved
+        # Buffers the graph writes (a static KV cache) change on every call: taken from the
+        # device copy its own write-back publishes, not restamped as resident state per call.
+        written = static & frozenset(position for position, _ in lowered.mutations)
+        static = static - written
+        mirrored = (frozenset(roles.mirrored_inputs) | written) - static - saved
         self._per_call = tuple(e for e in inputs if e[1] not in static | saved | mirrored)
         # Inputs that may be on the device already (a DeviceTensor, a mirror), with the kind a
         # miss is counted as.
+        kind = {**dict.fromkeys(written, "parameter"), **dict.fromkeys(saved, "saved")}
         self._looked_up = tuple(
-            (*e, sizes[e[0]], "saved" if e[1] in saved else "argument")
+            (*e, sizes[e[0]], kind.get(e[1], "argument"))
             for e in inputs
             if e[1] in saved | mirrored
         )
@@ -528,7 +533,8 @@ class CompiledGraph:
         besides (parameters and buffers sent to the device), and what stays there."""
         return {
             "per_call": ledger.as_dict(self.per_call),
-            "resident_bytes": sum(self._resident_bytes),
+            "resident_bytes": sum(self._resident_bytes)
+            + sum(e[3] for e in self._looked_up if e[4] == "parameter"),
             "saved_inputs_bytes": sum(e[3] for e in self._looked_up if e[4] == "saved"),
             "kept_on_device": len(self._kept),
         }
@@ -634,7 +640,9 @@ class CompiledGraph:
             ):
                 arrays[slot] = self._resharded(value.array, self._shardings[slot])
                 continue
-            array = None if key is None or cast is not None else residency.mirrors.get(value, key)
+            array = None
+            if key is not None and cast is None:
+                array = residency.mirrors.get(value, key, position in self._bumped)
             if array is None:
                 array = self._transfer.to_device(
                     value if cast is None else value.to(cast), self._shardings[slot]
