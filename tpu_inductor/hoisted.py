@@ -7,8 +7,8 @@ residency.DeviceTensors) when a source's stamp (identity, version, storage) diff
 its values were made at, and hands its results to the main graph after the caller's arguments,
 as saved activations are handed to a backward: the device arrays as they are, never through the
 host. The sources' own device copies are dropped once the values are made, where the main
-graph does not read them (sent again when they change). A source that dies drops the values (its identity or storage could then be reused by
-another tensor, which must never read them).
+graph does not read them (sent again when they change). A source that dies drops the values
+(its identity or storage could then be reused by another tensor, which must never read them).
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ from collections.abc import Callable, Sequence
 import torch
 
 from . import eager_graph, residency, runtime
+from .passes import hoist_weights
 
 stats: collections.Counter = collections.Counter()  # prologue calls ("made"), process-wide
 
 
-def roles(split, roles: runtime.GraphRoles | None, inputs: int) -> tuple:
+def roles(split: hoist_weights.Split, roles: runtime.GraphRoles | None, inputs: int) -> tuple:
     """(the prologue's roles, the main graph's) for a graph of `inputs` caller's inputs: the
     prologue's results are saved outputs (kept on the device), the main graph's new inputs
     after the caller's are saved inputs (taken as the device arrays they are)."""
