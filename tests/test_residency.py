@@ -17,7 +17,7 @@ import torch.nn as nn
 
 import tpu_inductor
 from tests import hf_zoo
-from tpu_inductor import bucketing, report
+from tpu_inductor import bucketing, report, runtime
 from tpu_inductor.residency import DeviceTensor
 
 DEVICES = ["cpu", "cpu-copy"]
@@ -218,6 +218,25 @@ def test_buffers_written_by_a_graph_are_current_and_not_sent_again(device):
     x, position = torch.randn(8, 16), torch.tensor([2])
     with torch.no_grad():
         torch.testing.assert_close(compiled(x, position), reference(x, position))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_buffers_a_graph_writes_leave_the_resident_parameters_as_they_were(device, monkeypatch):
+    """The written buffers (BN statistics, the cache) change every call; the parameters'
+    resident state is made once, on the first call, not again per call for their sake."""
+    made = []
+    resend = runtime.CompiledGraph._resend
+    monkeypatch.setattr(
+        runtime.CompiledGraph, "_resend", lambda graph, *a: made.append(graph) or resend(graph, *a)
+    )
+    model = _Stateful()
+    reference = copy.deepcopy(model)
+    compiled = _compile(model, device)
+    for step in range(4):
+        x, position = torch.randn(8, 16), torch.tensor([step])
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x, position), reference(x, position))
+    assert len(made) == 1, made
 
 
 @pytest.mark.parametrize("device", DEVICES)
