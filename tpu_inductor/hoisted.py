@@ -50,11 +50,10 @@ class HoistedGraph:
         self.prologue, self.main, self.sources = prologue, main, tuple(sources)
         self._released = tuple(self.sources.index(i) for i in prologue_only)
         self._made: _Made | None = None  # the values and the stamp they were made at
-        self.made = 0  # prologue calls, this graph's
 
     def __call__(self, args: list) -> list:
         tensors = [args[i] for i in self.sources]
-        stamp = [(id(t), *residency.stamp(t)) for t in tensors]
+        stamp = residency.stamps(tensors)
         made = self._made
         if made is None or made.stamp != stamp:
             made = self._make(tensors, stamp)
@@ -72,7 +71,6 @@ class HoistedGraph:
         replaced, self._made = self._made, made
         if replaced is not None:
             replaced.unwatch()
-        self.made += 1
         stats["made"] += 1
         return made
 

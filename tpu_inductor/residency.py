@@ -182,6 +182,11 @@ def _memory(tensor: torch.Tensor, device_key: Any) -> tuple:
     )
 
 
+def stamps(tensors: Sequence[torch.Tensor]) -> list[tuple[int, int, int]]:
+    """Each tensor's identity and stamp: what a state made from them was made at."""
+    return [(id(t), *stamp(t)) for t in tensors]
+
+
 def stamp(tensor: torch.Tensor) -> tuple[int, int]:
     """What changes when a tensor's values may have: its version (inference tensors have none:
     -1) and its storage."""
@@ -196,7 +201,7 @@ class Watched:
     owner drops when one of them dies: an identity or a storage could then be reused by another
     tensor, which must never read it. `owner.drop_state(state)`; keeps neither alive."""
 
-    _finalizers: list = []
+    _finalizers: tuple | list = ()
 
     def watch(self, tensors: Sequence[torch.Tensor], owner: Any) -> None:
         refs = weakref.ref(owner), weakref.ref(self)

@@ -445,9 +445,9 @@ class CompiledGraph:
         self._per_call = tuple(e for e in inputs if e[1] not in static | saved | mirrored)
         # Inputs that may be on the device already (a DeviceTensor, a mirror), with the kind a
         # miss is counted as.
-        kind = {**dict.fromkeys(written, "parameter"), **dict.fromkeys(saved, "saved")}
+        miss = {**dict.fromkeys(written, "parameter"), **dict.fromkeys(saved, "saved")}
         self._looked_up = tuple(
-            (*e, sizes[e[0]], kind.get(e[1], "argument"))
+            (*e, sizes[e[0]], miss.get(e[1], "argument"))
             for e in inputs
             if e[1] in saved | mirrored
         )
@@ -681,7 +681,7 @@ class CompiledGraph:
         the memory; and an identity or a storage could then be reused by another tensor).
         """
         tensors = [args[position] for position in self._resident_positions]
-        stamp = [(id(t), *residency.stamp(t)) for t in tensors]
+        stamp = residency.stamps(tensors)
         state = self._resident
         if stamp != state.stamp:
             return self._resend(tensors, stamp, state).arguments
