@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -213,3 +214,15 @@ def test_the_house_rules_of_the_spine():
         if any(m.startswith(".lowering.") for m in _imports(p))
     ]
     assert outside == []  # only the public face: `from .lowering import ...`
+
+
+def test_no_two_test_files_define_one_custom_op_name():
+    """pytest-xdist runs several test files in one process: two files defining the same
+    ``torch.library`` name replace each other's kernels, and which wins depends on scheduling
+    (CI failed on the clash between test_backend and test_custom_ops; a local run passed)."""
+    defined = re.compile(r"""(?:custom_op|library\.define)\(\s*["']([\w:.]+)["']""")
+    owners: dict[str, set[str]] = {}
+    for path in ROOT.glob("tests/**/*.py"):
+        for name in defined.findall(path.read_text()):
+            owners.setdefault(name, set()).add(path.name)
+    assert {name: files for name, files in owners.items() if len(files) > 1} == {}

@@ -51,12 +51,12 @@ def _scaled_softplus(ctx, x, scale):
     return (jnp.logaddexp(x, 0.0) * scale).astype(ctx.out_dtype)
 
 
-@torch.library.custom_op("tpu_inductor_test::unlowered", mutates_args=())
-def unlowered(x: torch.Tensor) -> torch.Tensor:
+@torch.library.custom_op("tpu_inductor_test::without_rule", mutates_args=())
+def without_rule(x: torch.Tensor) -> torch.Tensor:
     return x.flip(0) + 1
 
 
-@unlowered.register_fake
+@without_rule.register_fake
 def _(x):
     return torch.empty_like(x)
 
@@ -90,16 +90,16 @@ def test_registered_custom_op_compiles_whole_forward_and_backward():
 
 def test_custom_op_without_a_rule_is_named_in_the_warning(caplog):
     def fn(x):
-        return torch.ops.tpu_inductor_test.unlowered(x * 2) * 3
+        return torch.ops.tpu_inductor_test.without_rule(x * 2) * 3
 
     x = torch.randn(4, 3)
     compiled = torch.compile(fn, backend="tpu_inductor", fullgraph=True)
     with caplog.at_level(logging.WARNING, logger="tpu_inductor.partition"):
         assert_same(compiled(x), fn(x))
     warning = "\n".join(r.getMessage() for r in caplog.records)
-    assert "tpu_inductor_test.unlowered.default x1" in warning
-    assert "Custom ops without a rule: tpu_inductor_test::unlowered" in warning
-    assert "@tpu_inductor.register_lowering('tpu_inductor_test::unlowered')" in warning
+    assert "tpu_inductor_test.without_rule.default x1" in warning
+    assert "Custom ops without a rule: tpu_inductor_test::without_rule" in warning
+    assert "@tpu_inductor.register_lowering('tpu_inductor_test::without_rule')" in warning
     torch._dynamo.reset()
     strict = torch.compile(fn, backend="tpu_inductor", options=STRICT, fullgraph=True)
     with pytest.raises(Exception, match="register_lowering") as raised:
@@ -122,7 +122,7 @@ def test_registration_that_would_replace_a_rule_fails_whole():
     with pytest.raises(RegistrationError, match="namespace::op"):
         tpu_inductor.register_lowering("::nothing")
     with pytest.raises(RegistrationError, match="no overload 'nope'"):
-        tpu_inductor.register_lowering("tpu_inductor_test::unlowered.nope")
+        tpu_inductor.register_lowering("tpu_inductor_test::without_rule.nope")
 
 
 def test_an_op_defined_after_its_rule_is_found_by_name():
