@@ -99,6 +99,9 @@ class LoweredModule:
     shardings: Shardings | None = None  # None: one device
     # the rules' choices, counted: "tpu.splash", "tpu.xla: <why>" (lowering/ops/attention_kernels)
     kernel_choices: dict[str, int] = dataclasses.field(default_factory=dict)
+    # module tensor arguments (indices into tensor_inputs) the executable takes over: a buffer
+    # the graph writes, updated in place on the device (its array is deleted by the call)
+    donated: tuple[int, ...] = ()
 
     @property
     def module_input_dtypes(self) -> tuple[torch.dtype, ...]:
@@ -132,6 +135,7 @@ def lower(
     scalar_inputs: frozenset[int] = frozenset(),
     shardings: Shardings | None = None,
     separate_outputs: frozenset[int] = frozenset(),
+    donate_writes: bool = False,
 ) -> LoweredModule:
     """Lower `gm`, a graph whose sizes are concrete (the shape pass made them so), for `inputs`
     (tensors or fake tensors, and ints) on `platform`.
@@ -141,6 +145,9 @@ def lower(
     the tensor inputs over a device mesh (None: one device). `separate_outputs`: graph outputs
     that get a module result of their own even where they view another output (activations
     saved for the backward, which stay on the device: no write can show through them).
+    `donate_writes`: the inputs the graph writes (`copy_` into a placeholder) are donated, so
+    the executable updates them in place instead of allocating and copying (on a device whose
+    arrays are not the torch tensors' own memory; one device only).
     """
     import jax
 
@@ -155,6 +162,8 @@ def lower(
         tensor_inputs, specs = tuple(p for p, _ in kept), tuple(s for _, s in kept)
     passed_through = _passed_through_inputs(gm, tensor_inputs)
     views, bases = _aliased_outputs(gm, passed_through, separate_outputs)
+    written = _written_inputs(gm) if donate_writes and shardings is None else frozenset()
+    donated = tuple(slot for slot, position in enumerate(tensor_inputs) if position in written)
     structure: dict[str, Any] = {}
 
     def fn(*args):
@@ -213,7 +222,9 @@ def lower(
     if runner.uses_rng:
         arg_specs.insert(0, jax.ShapeDtypeStruct((2,), jax.numpy.int32))
     with dtypes.x64_scope(x64):
-        traced = jax.jit(fn, keep_unused=True, **_jit_shardings(shardings, runner.uses_rng))
+        donate_argnums = tuple(slot + runner.uses_rng for slot in donated)
+        jit_options = _jit_shardings(shardings, runner.uses_rng)
+        traced = jax.jit(fn, keep_unused=True, donate_argnums=donate_argnums, **jit_options)
         traced = traced.trace(*arg_specs)
         lowered = traced.lower(lowering_platforms=(platform,))
     module = lowered.compiler_ir("stablehlo")
@@ -234,6 +245,7 @@ def lower(
         text_with_locations=module.operation.get_asm(enable_debug_info=True),
         shardings=shardings,
         kernel_choices=dict(runner.choices),
+        donated=donated,
     )
 
 
@@ -262,6 +274,18 @@ def _jit_shardings(shardings: Shardings | None, uses_rng: bool) -> dict[str, Any
     if uses_rng:
         inputs.insert(0, replicated)
     return {"in_shardings": tuple(inputs)}
+
+
+def _written_inputs(gm) -> frozenset[int]:
+    """Positions of the placeholders the graph writes (AOTAutograd's `copy_` into an input)."""
+    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    return frozenset(
+        placeholders[n.args[0]]
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and n.target is torch.ops.aten.copy_.default
+        and n.args[0] in placeholders
+    )
 
 
 def _passed_through_inputs(gm, tensor_inputs) -> list[int | None]:

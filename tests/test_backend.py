@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tpu_inductor import cache, debug, ledger, runtime
+from tpu_inductor import cache, debug, ledger, runtime, transfer
 from tpu_inductor.config import Options
 from tpu_inductor.exc import (
     DeviceError,
@@ -544,25 +544,25 @@ def test_cli_version_and_devices():
 
 def _count_transfers(monkeypatch) -> list[tuple[int, ...]]:
     sent: list[tuple[int, ...]] = []
-    to_device = runtime._Transfer.to_device
+    to_device = transfer.Transfer.to_device
 
     def counting(self, tensor, sharding=None):
         sent.append(tuple(tensor.shape))
         return to_device(self, tensor, sharding)
 
-    monkeypatch.setattr(runtime._Transfer, "to_device", counting)
+    monkeypatch.setattr(transfer.Transfer, "to_device", counting)
     return sent
 
 
 def _copying_transfers(monkeypatch) -> None:
     """Transfers as on an accelerator: every array a copy (device_put), none reads torch's memory."""
-    init = runtime._Transfer.__init__
+    init = transfer.Transfer.__init__
 
     def copying(self, device):
         init(self, device)
         self.on_cpu = False
 
-    monkeypatch.setattr(runtime._Transfer, "__init__", copying)
+    monkeypatch.setattr(transfer.Transfer, "__init__", copying)
 
 
 @pytest.mark.parametrize("copies", [False, True], ids=["cpu_zero_copy", "accelerator_copies"])

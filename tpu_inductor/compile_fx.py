@@ -167,7 +167,9 @@ def _compile_whole(
 ):
     """Stages 3-6 of a graph compiled whole (or a region): at its sizes when they are concrete,
     else per signature of the calls."""
-    specializer = _Specializer(gm, options, device, static_inputs, observer, roles=roles)
+    specializer = _Specializer(
+        gm, options, device, static_inputs, observer, roles=roles, donate=device.holds_copies
+    )
     if example_inputs is not None and all(dispatch.is_concrete(v) for v in example_inputs):
         return specializer(example_inputs)
     scalars = shapes.value_only_inputs(gm)
@@ -224,8 +226,10 @@ class _Specializer:
         platform: str | None = None,
         shardings: lowering.Shardings | None = None,
         roles: runtime.GraphRoles | None = None,
+        donate: bool = False,
     ):
         self.gm = gm
+        self.donate = donate  # the buffers it writes go to the executable (lower: donate_writes)
         self.roles = cached_compile.kept_roles(roles, options)
         # Saved activations kept on the device get module results of their own (not views),
         # as do outputs a constraint splits (left split: sharding.split_outputs).
@@ -256,6 +260,8 @@ class _Specializer:
             entries.append(("shardings", (shardings.axes, shardings.inputs)))
         if self._separate:
             entries.append(("separate_outputs", tuple(sorted(self._separate))))
+        if self.donate:
+            entries.append(("donate_writes", True))
         record = self.observer.record(signature, self.fingerprint)
         try:
             compiled = cached_compile.cached_compile(
@@ -312,6 +318,7 @@ class _Specializer:
                 scalar_inputs=scalars,
                 shardings=self._shardings_for(inputs),
                 separate_outputs=self._separate,
+                donate_writes=self.donate,
             )
 
         with _LOWERING:  # precompile's pool: lowerings (Python) one at a time, compiles overlap

@@ -270,6 +270,8 @@ def transfer_line(transfers: dict) -> str:
         parts.append(f"per call {label}: {text}")
     parts.append(f"parameters sent once {_size(transfers['resident_bytes'])}")
     parts.append(f"{transfers['kept_on_device']} saved activation(s) kept on the device")
+    if transfers.get("donated_bytes"):  # records written before it have none
+        parts.append(f"written buffers updated in place {_size(transfers['donated_bytes'])}")
     return "; ".join(parts)
 
 

@@ -1,12 +1,9 @@
-"""Devices, PJRT compilation, transfer and execution: torch in → device → torch out.
+"""Devices, PJRT compilation and execution: torch in → device → torch out (the crossings
+themselves: transfer.py).
 
 `CompiledGraph.__call__` is the hot path. Everything that can be decided once is decided in
 `__init__`: which inputs cross as tensors, which need a dtype cast, which are parameters kept
 resident on the device (re-sent only when they change), how outputs are rebuilt.
-
-On the CPU platform tensors cross zero-copy through dlpack when they are contiguous and
-aligned; anything else (a transposed or sliced view) is copied to a fresh contiguous tensor
-first: executing PJRT on a transposed zero-copy view returns wrong numbers.
 
 This module reads a lowered module's call description (tensor_inputs, outputs, mutations, ...)
 but never imports the lowering package.
@@ -27,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import distributed, ledger, mesh_placement, residency
+from . import distributed, ledger, mesh_placement, residency, transfer
 from .exc import CompileError, DeviceError
 
 log = logging.getLogger(__name__)
@@ -37,7 +34,6 @@ _PREFERENCE = ("tpu", "gpu", "cpu")
 # The device option (a PJRT client platform) → jax's lowering platform, which artifacts and
 # `tpu-inductor compile --platform` name (other client platforms lower under their own name).
 LOWERING_PLATFORMS = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}
-_ALIGNMENT = 64  # bytes; XLA:CPU wants aligned buffers for zero-copy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +69,12 @@ class Device:
         """Which device (or mesh) an array is on (residency.mirrors keys its copies by it)."""
         where = tuple(d.id for d in self.mesh) if self.mesh else self.device.id
         return (id(self.client), where, self.zero_copy)
+
+    @property
+    def holds_copies(self) -> bool:
+        """Whether its arrays are copies of the torch tensors (all but the zero-copy CPU), on
+        one device: a buffer a graph writes is then donated to the executable."""
+        return not (self.platform == "cpu" and self.zero_copy) and not self.mesh
 
     @property
     def lowering_platform(self) -> str:
@@ -298,89 +300,6 @@ def _placement(device: Device):
     return xla_client.DeviceList(devices), options
 
 
-class _Transfer:
-    """torch tensor ↔ jax array on one device, by the fastest path this jax/torch pair has.
-
-    CPU: zero-copy dlpack, through jaxlib's and torch's C entry points when present (about 5x
-    less per-call overhead than the public `from_dlpack` wrappers, and no int64 narrowing).
-    Other devices: zero-copy to a host array, then one `device_put` (split into shards by the
-    argument's sharding on a mesh). A CPU mesh: a copy of each device's shard (see `to_device`).
-    """
-
-    def __init__(self, device: Device):
-        import jax
-
-        self.key = device.key
-        self.device = device.device
-        self.on_cpu = device.platform == "cpu" and device.zero_copy and not device.mesh
-        self.cpu_mesh = device.platform == "cpu" and bool(device.mesh)
-        self.copies_on_cpu = device.platform == "cpu" and not device.zero_copy
-        self.host = self.device if device.platform == "cpu" else jax.devices("cpu")[0]
-        try:
-            from jax._src.lib import _jax
-
-            self._import = _jax.dlpack_managed_tensor_to_buffer
-            self._export = _jax.buffer_to_dlpack_managed_tensor
-            self._torch_import = torch._C._from_dlpack
-        except (ImportError, AttributeError):  # a jaxlib without the C entry points
-            self._import = None
-
-    def to_device(self, tensor: torch.Tensor, sharding=None):
-        """A jax array on the device holding `tensor`'s values (contiguous, aligned first); split
-        by `sharding` over a mesh. A CPU mesh gets a copy of each device's shard, from numpy:
-        zero-copy torch memory split over devices was released on XLA's worker threads, which
-        aborted the process at exit ("terminate called without an active exception") in about
-        half of fresh processes."""
-        if tensor.__class__ is residency.DeviceTensor:
-            if tensor.device_key == self.key and sharding is None:
-                return tensor.array
-            tensor = tensor.host()
-        tensor = tensor.detach()
-        if tensor.is_conj() or tensor.is_neg():  # lazy bits dlpack would drop: apply them
-            tensor = tensor.resolve_conj().resolve_neg()
-        if sharding is not None and self.cpu_mesh:
-            import jax
-
-            shape = tuple(tensor.shape)
-            with (
-                mesh_placement.exact_dtypes()
-            ):  # an int64 argument stays int64 (the module's dtype)
-                shards = [
-                    jax.device_put(_numpy_copy(tensor[index]), device)
-                    for device, index in sharding.addressable_devices_indices_map(shape).items()
-                ]
-            return jax.make_array_from_single_device_arrays(shape, sharding, shards)
-        if not tensor.is_contiguous():
-            tensor = tensor.contiguous()
-        elif tensor.data_ptr() % _ALIGNMENT:
-            tensor = tensor.clone()
-        if self._import is not None:
-            array = self._import(torch._C._to_dlpack(tensor), self.host, None, None)
-        else:
-            from jax._src.dlpack import from_dlpack
-
-            array = from_dlpack(tensor)
-        if self.on_cpu:
-            return array
-        import jax
-
-        if self.copies_on_cpu:  # the device's own copy, as an accelerator's would be
-            return jax.device_put(array, self.device, may_alias=False)
-        return jax.device_put(array, sharding or self.device)
-
-    def aliases(self, array, tensor: torch.Tensor) -> bool:
-        """Whether a CPU `array` reads `tensor`'s memory (a zero-copy transfer), not a copy."""
-        return array.unsafe_buffer_pointer() == tensor.data_ptr()
-
-    def to_torch(self, array) -> torch.Tensor:
-        """A CPU torch tensor of a device array (zero-copy on CPU)."""
-        if not self.on_cpu:
-            return _host_tensor(array)
-        if self._import is not None:
-            return self._torch_import(self._export(array))
-        return torch.from_dlpack(array)
-
-
 @dataclasses.dataclass(frozen=True)
 class GraphRoles:
     """What the caller's calling convention (AOTAutograd's) makes of a graph's inputs and
@@ -421,7 +340,7 @@ class CompiledGraph:
         self.lowered = lowered
         self.device = device
         self.graph_key = graph_key  # the compile cache's key of graph and inputs, if cached
-        self._transfer = _Transfer(device)
+        self._transfer = transfer.Transfer(device)
         roles = roles or GraphRoles()
         saved_inputs, saved_outputs = roles.saved_inputs, frozenset(roles.saved_outputs)
         # Device copies shared between graphs (none over a mesh: each graph splits its own).
@@ -473,6 +392,10 @@ class CompiledGraph:
         returned = {slot.input for i, slot in enumerate(lowered.outputs) if i in saved_outputs}
         self._mirrored = tuple(e[:2] for e in self._per_call if e[1] in returned and e[2] is None)
         self._bumped = frozenset(roles.bumped_inputs)
+        # (module argument, graph input) the executable takes over: buffers it writes in place
+        self._donated = tuple(
+            (slot + lowered.uses_rng, lowered.tensor_inputs[slot]) for slot in lowered.donated
+        )
         # Module results that stay on the device: read by saved outputs only, as they are.
         kinds = _result_kinds(lowered, saved_outputs)
         self._kept = tuple(
@@ -537,6 +460,11 @@ class CompiledGraph:
             + sum(e[3] for e in self._looked_up if e[4] == "parameter"),
             "saved_inputs_bytes": sum(e[3] for e in self._looked_up if e[4] == "saved"),
             "kept_on_device": len(self._kept),
+            # buffers the executable updates in place (donated): no second copy on the device
+            "donated_bytes": sum(
+                _nbytes(self.lowered.input_specs[slot], self.lowered.module_input_dtypes[slot])
+                for slot in self.lowered.donated
+            ),
         }
 
     def __call__(self, args: list) -> list:
@@ -560,7 +488,7 @@ class CompiledGraph:
             arrays.insert(0, to_device(seed, shardings[-1]))
         if self._multiprocess:
             distributed.execution_started()
-        results = self._results(self.executable.execute_sharded(arrays))
+        results = self._results(self._execute(arrays, args))
         ledger.add_call(self._per_call_entries)
         self._steady_calls += 1
         outs = self._outputs(results)
@@ -583,6 +511,22 @@ class CompiledGraph:
             returned[index] = viewed.as_strided(size, stride, offset)
         args.clear()
         return returned
+
+    def _execute(self, arrays: list, args: list):
+        """Run the executable. A donated argument's array is deleted by the call: one that is
+        another tensor's (a DeviceTensor's) is copied first; if the call fails, the mirrors of
+        the donated tensors are dropped (the host tensors, not yet written, are sent again)."""
+        if not self._donated:
+            return self.executable.execute_sharded(arrays)
+        for slot, position in self._donated:
+            if args[position].__class__ is residency.DeviceTensor:
+                arrays[slot] = arrays[slot].copy()
+        try:
+            return self.executable.execute_sharded(arrays)
+        except BaseException:
+            for _, position in self._donated:
+                residency.mirrors.discard(args[position])
+            raise
 
     def _mirror_written(self, tensor: torch.Tensor, array) -> None:
         """After a write-back: the device holds `tensor`'s new values (`array`), so no graph
@@ -773,27 +717,3 @@ class _Resident(residency.Watched):
     @classmethod
     def empty(cls, arguments: int) -> _Resident:
         return cls([], (None,) * arguments, frozenset())
-
-
-def _numpy_copy(tensor: torch.Tensor):
-    """A numpy copy of a CPU tensor (bfloat16 through its bits, as ml_dtypes' bfloat16)."""
-    import numpy as np
-
-    if tensor.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return np.array(tensor.view(torch.int16).numpy()).view(ml_dtypes.bfloat16)
-    return np.array(tensor.numpy())
-
-
-def _host_tensor(array) -> torch.Tensor:
-    """Copy a device array to a CPU torch tensor (bfloat16 through its bits).
-
-    jax's host copy is read-only and jax's own: the tensor gets a writable copy of it.
-    """
-    import numpy as np
-
-    host = np.array(array, copy=True, order="C")
-    if host.dtype.name == "bfloat16":
-        return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(host)

@@ -74,6 +74,7 @@ def lowered_to_json(lowered: LoweredModule) -> dict[str, Any]:
         "x64": lowered.x64,
         "kernel_choices": dict(lowered.kernel_choices),
         "shardings": _shardings_to_json(lowered.shardings),
+        "donated": list(lowered.donated),
     }
 
 
@@ -130,6 +131,7 @@ def lowered_from_json(data: dict[str, Any], bytecode: bytes, text: str) -> Lower
         x64=data["x64"],
         shardings=_shardings_from_json(data.get("shardings")),
         kernel_choices={str(k): _int(n) for k, n in data.get("kernel_choices", {}).items()},
+        donated=tuple(_int(i) for i in data.get("donated", ())),
     )
 
 
