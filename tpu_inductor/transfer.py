@@ -52,7 +52,8 @@ class Transfer:
             if tensor.device_key == self.key and sharding is None:
                 return tensor.array
             tensor = tensor.host()
-        tensor = tensor.detach()
+        if tensor.requires_grad:  # (dlpack exports no tensor that requires grad)
+            tensor = tensor.detach()
         if tensor.is_conj() or tensor.is_neg():  # lazy bits dlpack would drop: apply them
             tensor = tensor.resolve_conj().resolve_neg()
         if sharding is not None and self.cpu_mesh:
