@@ -335,3 +335,17 @@ def test_a_checkpoint_saved_after_compiled_steps_holds_the_current_state(device)
             torch.testing.assert_close(
                 state[key], expected_state[index][key], rtol=1e-4, atol=1e-6, msg=key
             )
+
+
+def test_the_prepared_device_check_passes_on_the_copying_cpu(tmp_path):
+    """tools/device_check.py is what a lent GPU or TPU runs: it must work before one is lent."""
+    from tools import device_check
+
+    out = tmp_path / "check.json"
+    assert (
+        device_check.main(["--model", "gpt2", "--steps", "3", "--runs", "1", "--out", str(out)])
+        == 0
+    )
+    report = json.loads(out.read_text())
+    assert report["device"].endswith("copied)") and report["losses_equal"]
+    assert report["state_sent_bytes"] == 0 and report["steady_step_ledger"]["calls"] == 3
