@@ -202,7 +202,7 @@ class GraphRunner:
             if node.op != "call_function":
                 raise LoweringError(f"node {node.name}: unsupported FX node kind {node.op!r}")
             args, kwargs = load(node.args), load(node.kwargs)
-            if node.target is aten.copy_.default and node.args[0] in placeholder_index:
+            if writes_input(node, placeholder_index):
                 env[node] = self._record_mutation(node, args, placeholder_index)
                 continue
             env[node] = self._call(node, args, kwargs, rng)
@@ -291,6 +291,15 @@ class GraphRunner:
             raise LoweringError(
                 f"{where}: {what} has shape {tuple(got.shape)}, torch computes {want_shape}."
             )
+
+
+def writes_input(node: torch.fx.Node, placeholders) -> bool:
+    """Whether `node` is AOTAutograd's write into a graph input: `copy_` into a placeholder."""
+    return (
+        node.op == "call_function"
+        and node.target is aten.copy_.default
+        and node.args[0] in placeholders
+    )
 
 
 def _rule_of(node: torch.fx.Node, platform):

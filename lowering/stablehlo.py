@@ -19,7 +19,7 @@ import torch
 
 from ..exc import LoweringError, SymbolicSizeError
 from . import dtypes
-from .interpreter import GraphRunner, flatten
+from .interpreter import GraphRunner, flatten, writes_input
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,11 +280,7 @@ def _written_inputs(gm) -> frozenset[int]:
     """Positions of the placeholders the graph writes (AOTAutograd's `copy_` into an input)."""
     placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
     return frozenset(
-        placeholders[n.args[0]]
-        for n in gm.graph.nodes
-        if n.op == "call_function"
-        and n.target is torch.ops.aten.copy_.default
-        and n.args[0] in placeholders
+        placeholders[n.args[0]] for n in gm.graph.nodes if writes_input(n, placeholders)
     )
 
 
