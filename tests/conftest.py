@@ -68,3 +68,19 @@ def _seeded_torch(request):
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
     yield
     torch.random.set_rng_state(state)
+
+
+@pytest.fixture
+def compiled_graphs(monkeypatch) -> list:
+    """Every runtime.CompiledGraph made during the test, in order."""
+    from tpu_inductor import runtime
+
+    made = []
+    init = runtime.CompiledGraph.__init__
+
+    def record(graph, *args, **kwargs):
+        init(graph, *args, **kwargs)
+        made.append(graph)
+
+    monkeypatch.setattr(runtime.CompiledGraph, "__init__", record)
+    return made

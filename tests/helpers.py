@@ -105,3 +105,19 @@ def backend_error(expected: type, fn, *args) -> Exception:
         fn(*args)
     assert isinstance(info.value.inner_exception, expected), info.value
     return info.value.inner_exception
+
+
+class WritesBuffers(torch.nn.Module):
+    """Buffers a graph writes on every call: batch-norm statistics and a cache written at a
+    position (`forward(x, position)`, x of 16 features)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+        self.norm = torch.nn.BatchNorm1d(16)
+        self.register_buffer("cache", torch.zeros(6, 16))
+
+    def forward(self, x, position):
+        h = self.norm(self.linear(x))
+        self.cache.index_copy_(0, position, h[:1])
+        return h.sum(-1) + self.cache.sum()

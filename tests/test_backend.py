@@ -474,17 +474,9 @@ def test_resident_parameters_follow_changes(change):
         assert_same(compiled(x), model(x))
 
 
-def test_training_forward_saves_no_transposed_weight(monkeypatch):
+def test_training_forward_saves_no_transposed_weight(compiled_graphs):
     """Saved tensors are module results, which XLA materializes: `weight.t()` must be recomputed
     in the backward (a view), not saved; parameters saved for it pass through uncopied."""
-    compiled_graphs = []
-    original = runtime.CompiledGraph.__init__
-
-    def record(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        compiled_graphs.append(self)
-
-    monkeypatch.setattr(runtime.CompiledGraph, "__init__", record)
     model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
     x = torch.randn(5, 8)
     loss = _compile(model)(x).sum()

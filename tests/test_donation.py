@@ -15,44 +15,15 @@ import copy
 
 import pytest
 import torch
-import torch.nn as nn
 
 import tpu_inductor
+from tests.helpers import WritesBuffers
 from tpu_inductor import debug, residency, runtime
-
-
-class _Written(nn.Module):
-    """Batch-norm statistics and a cache written at a position, every call."""
-
-    def __init__(self):
-        super().__init__()
-        self.linear = nn.Linear(16, 16)
-        self.norm = nn.BatchNorm1d(16)
-        self.register_buffer("cache", torch.zeros(6, 16))
-
-    def forward(self, x, position):
-        h = self.norm(self.linear(x))
-        self.cache.index_copy_(0, position, h[:1])
-        return h.sum(-1) + self.cache.sum()
 
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()
-
-
-@pytest.fixture
-def graphs(monkeypatch) -> list:
-    """Every CompiledGraph made during the test."""
-    made = []
-    init = runtime.CompiledGraph.__init__
-
-    def record(graph, *args, **kwargs):
-        init(graph, *args, **kwargs)
-        made.append(graph)
-
-    monkeypatch.setattr(runtime.CompiledGraph, "__init__", record)
-    return made
 
 
 def _compile(model, device: str):
@@ -63,8 +34,8 @@ def _written_bytes(model) -> int:
     return sum(b.numel() * b.element_size() for b in model.buffers())
 
 
-def test_written_buffers_are_updated_in_place_and_equal_eager(graphs):
-    model = _Written()
+def test_written_buffers_are_updated_in_place_and_equal_eager(compiled_graphs):
+    model = WritesBuffers()
     reference = copy.deepcopy(model)
     compiled = _compile(model, "cpu-copy")
     for step in range(5):
@@ -76,24 +47,24 @@ def test_written_buffers_are_updated_in_place_and_equal_eager(graphs):
             torch.testing.assert_close(compiled(x, position), reference(x, position))
         for (name, b), expected in zip(model.named_buffers(), reference.buffers()):
             torch.testing.assert_close(b, expected, msg=name)
-    (graph,) = graphs
+    (graph,) = compiled_graphs
     written = _written_bytes(model)
     assert graph.executable.get_compiled_memory_stats().alias_size_in_bytes == written
     record = next(r for r in reversed(debug.records) if r.transfers)
     assert record.transfers["donated_bytes"] == written
 
 
-def test_the_zero_copy_cpu_donates_nothing(graphs):
+def test_the_zero_copy_cpu_donates_nothing(compiled_graphs):
     """There the arrays are the torch tensors' own memory, which XLA must not take over."""
-    model = _Written()
+    model = WritesBuffers()
     with torch.no_grad():
         _compile(model, "cpu")(torch.randn(8, 16), torch.tensor([0]))
-    (graph,) = graphs
+    (graph,) = compiled_graphs
     assert graph.lowered.donated == ()
     assert graph.executable.get_compiled_memory_stats().alias_size_in_bytes == 0
 
 
-def test_a_graph_that_writes_a_buffer_sees_every_earlier_write_with_two_graphs(graphs):
+def test_a_graph_that_writes_a_buffer_sees_every_earlier_write_with_two_graphs(compiled_graphs):
     """Two graphs write one buffer in turn (a prefill and a decode step): each takes the device
     copy the other's donated call left, never a deleted one."""
     cache = torch.zeros(4, 8)
@@ -114,7 +85,7 @@ def test_a_graph_that_writes_a_buffer_sees_every_earlier_write_with_two_graphs(g
         position = torch.tensor([2 + i % 2])
         torch.testing.assert_close(step(cache, y, position), decode(expected, y, position))
         torch.testing.assert_close(cache, expected)
-    assert [g.lowered.donated for g in graphs] == [(0,), (0,)]
+    assert [g.lowered.donated for g in compiled_graphs] == [(0,), (0,)]
 
 
 def _writes_its_input():

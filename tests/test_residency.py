@@ -17,6 +17,7 @@ import torch.nn as nn
 
 import tpu_inductor
 from tests import hf_zoo
+from tests.helpers import WritesBuffers
 from tpu_inductor import bucketing, report, runtime
 from tpu_inductor.residency import DeviceTensor
 
@@ -179,24 +180,9 @@ def test_a_device_tensor_reads_as_its_values():
     assert kept.data_ptr() == 0  # no host memory to point at, never a stale address
 
 
-class _Stateful(nn.Module):
-    """Buffers written by the graph: batch-norm statistics and a cache written at a position."""
-
-    def __init__(self):
-        super().__init__()
-        self.linear = nn.Linear(16, 16)
-        self.norm = nn.BatchNorm1d(16)
-        self.register_buffer("cache", torch.zeros(6, 16))
-
-    def forward(self, x, position):
-        h = self.norm(self.linear(x))
-        self.cache.index_copy_(0, position, h[:1])
-        return h.sum(-1) + self.cache.sum()
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_buffers_written_by_a_graph_are_current_and_not_sent_again(device):
-    model = _Stateful()
+    model = WritesBuffers()
     reference = copy.deepcopy(model)
     compiled = _compile(model, device)
     for step in range(5):
@@ -229,7 +215,7 @@ def test_buffers_a_graph_writes_leave_the_resident_parameters_as_they_were(devic
     monkeypatch.setattr(
         runtime.CompiledGraph, "_resend", lambda graph, *a: made.append(graph) or resend(graph, *a)
     )
-    model = _Stateful()
+    model = WritesBuffers()
     reference = copy.deepcopy(model)
     compiled = _compile(model, device)
     for step in range(4):
