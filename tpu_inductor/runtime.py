@@ -396,6 +396,7 @@ class CompiledGraph:
         self._donated = tuple(
             (slot + lowered.uses_rng, lowered.tensor_inputs[slot]) for slot in lowered.donated
         )
+        self._donated_bytes = sum(sizes[slot] for slot in lowered.donated)
         # Module results that stay on the device: read by saved outputs only, as they are.
         kinds = _result_kinds(lowered, saved_outputs)
         self._kept = tuple(
@@ -461,10 +462,7 @@ class CompiledGraph:
             "saved_inputs_bytes": sum(e[3] for e in self._looked_up if e[4] == "saved"),
             "kept_on_device": len(self._kept),
             # buffers the executable updates in place (donated): no second copy on the device
-            "donated_bytes": sum(
-                _nbytes(self.lowered.input_specs[slot], self.lowered.module_input_dtypes[slot])
-                for slot in self.lowered.donated
-            ),
+            "donated_bytes": self._donated_bytes,
         }
 
     def __call__(self, args: list) -> list:
