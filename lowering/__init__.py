@@ -11,7 +11,7 @@ private names):
   `register_user_lowering` and `user_rules_fingerprint()` (users' rules, in the cache key);
 - what is missing: `missing_ops(gm, platform)`, `op_name(target)`, `source_line(node)`;
 - lower: `lower(gm, inputs, ...)` → `LoweredModule` (with `TensorSpec`, `OutputSlot`,
-  `Shardings`), `flat_outputs(gm)`; `torch_mlir` is the second frontend;
+  `Shardings`, `PartialWrite`), `flat_outputs(gm)`; `torch_mlir` is the second frontend;
 - `dense_dim_order(sizes, strides)`: the dim order of a dense strided layout.
 """
 
@@ -29,10 +29,12 @@ from .registry import (
     user_rules_fingerprint,
 )
 from .stablehlo import LoweredModule, OutputSlot, Shardings, TensorSpec, flat_outputs, lower
+from .written_parts import PartialWrite
 
 __all__ = [
     "LoweredModule",
     "OutputSlot",
+    "PartialWrite",
     "Shardings",
     "TensorSpec",
     "computes",

@@ -174,6 +174,8 @@ class GraphRunner:
         # Filled by run(): input index → value to write back into that input; the rules'
         # choices (LoweringContext.chose).
         self.mutations: dict[int, Any] = {}
+        # input index → the part of it the write changes (written_parts.Part), where known
+        self.written_parts: dict[int, Any] = {}
         self.choices: collections.Counter = collections.Counter()
 
     def run(
@@ -186,7 +188,7 @@ class GraphRunner:
         followed by the values of the nodes `also` names."""
         env: dict[torch.fx.Node, Any] = {}
         placeholder_index = {node: i for i, node in enumerate(self.placeholders)}
-        self.mutations = {}
+        self.mutations, self.written_parts = {}, {}
         self.choices.clear()
         for node, value in zip(self.placeholders, inputs):
             env[node] = value
@@ -203,17 +205,23 @@ class GraphRunner:
                 raise LoweringError(f"node {node.name}: unsupported FX node kind {node.op!r}")
             args, kwargs = load(node.args), load(node.kwargs)
             if writes_input(node, placeholder_index):
-                env[node] = self._record_mutation(node, args, placeholder_index)
+                env[node] = self._record_mutation(node, args, placeholder_index, load)
                 continue
             env[node] = self._call(node, args, kwargs, rng)
         raise LoweringError("graph has no output node")
 
-    def _record_mutation(self, node, args, placeholder_index):
+    def _record_mutation(self, node, args, placeholder_index, load):
         import jax.numpy as jnp
+
+        from . import written_parts
 
         dst, src = args[0], args[1]
         value = jnp.broadcast_to(jnp.asarray(src), dst.shape).astype(dst.dtype)
-        self.mutations[placeholder_index[node.args[0]]] = value
+        position = placeholder_index[node.args[0]]
+        self.mutations[position] = value
+        part = written_parts.part(node, load, value)
+        if part is not None:
+            self.written_parts[position] = part
         return value
 
     def _call(self, node, args, kwargs, rng):

@@ -20,6 +20,7 @@ import torch
 from ..exc import LoweringError, SymbolicSizeError
 from . import dtypes
 from .interpreter import GraphRunner, flatten, writes_input
+from .written_parts import PartialWrite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +103,8 @@ class LoweredModule:
     # module tensor arguments (indices into tensor_inputs) the executable takes over: a buffer
     # the graph writes, updated in place on the device (its array is deleted by the call)
     donated: tuple[int, ...] = ()
+    # written inputs whose host copy is updated by the part written (written_parts.py)
+    partial_writes: tuple[PartialWrite, ...] = ()
 
     @property
     def module_input_dtypes(self) -> tuple[torch.dtype, ...]:
@@ -199,6 +202,18 @@ def lower(
         for node, value in zip(bases, base_values):
             result_of[node] = len(results)
             results.append(value)
+        partial, part_specs = [], []  # the written parts, their results' torch specs
+        for position, part in runner.written_parts.items():
+            indices = []
+            for array, dtype in zip(part.indices, part.index_dtypes):
+                indices.append(None if array is None else len(results))
+                if array is not None:
+                    results.append(array)
+                    part_specs.append(TensorSpec(tuple(array.shape), dtype))
+            piece = len(results)
+            results.append(part.piece)
+            part_specs.append(TensorSpec(tuple(part.piece.shape), inputs[position].dtype))
+            partial.append(PartialWrite(position, piece, tuple(indices), part.slice))
         for index, (base, size, stride, offset, dtype) in views.items():
             if isinstance(base, _InputBase):
                 view = (base.position, size, stride, offset)
@@ -206,7 +221,8 @@ def lower(
             else:
                 view = (result_of[base], size, stride, offset)
                 slots[index] = OutputSlot(None, view=view, view_dtype=dtype)
-        structure.update(slots=tuple(slots), mutations=tuple(mutations))
+        structure.update(slots=tuple(slots), mutations=tuple(mutations), partial=tuple(partial))
+        structure.update(part_specs=tuple(part_specs))
         if shardings is not None:  # the results the host reads whole; saved ones left open
             kept = {result_of[i] for i in separate_outputs if i in result_of}
             replicated = shardings.named()[-1]
@@ -229,6 +245,7 @@ def lower(
         lowered = traced.lower(lowering_platforms=(platform,))
     module = lowered.compiler_ir("stablehlo")
     output_specs = _output_specs(gm, structure["slots"], structure["mutations"], inputs, bases)
+    output_specs += structure["part_specs"]
     from jax._src.interpreters import mlir
 
     return LoweredModule(
@@ -246,6 +263,7 @@ def lower(
         shardings=shardings,
         kernel_choices=dict(runner.choices),
         donated=donated,
+        partial_writes=structure["partial"],
     )
 
 

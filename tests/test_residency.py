@@ -195,8 +195,9 @@ def test_buffers_written_by_a_graph_are_current_and_not_sent_again(device):
         moved = tpu_inductor.transfers()
         if step:
             assert moved["host_to_device"]["parameter"] == 0, moved
-        written = sum(b.numel() * b.element_size() for b in model.buffers())
-        assert moved["device_to_host"]["mutation"] == written
+        # the norm's statistics whole, the cache by the row written and its index
+        statistics = sum(b.numel() * b.element_size() for b in model.norm.buffers())
+        assert moved["device_to_host"]["mutation"] == statistics + 16 * 4 + 8
     for (name, value), expected in zip(model.state_dict().items(), reference.state_dict().values()):
         torch.testing.assert_close(value, expected, msg=name)
     model.cache.zero_()  # an eager write: the next call must see it
@@ -263,10 +264,12 @@ def test_the_static_cache_recipe_gives_eager_tokens_without_sending_the_cache(
     )
     assert torch.equal(tokens, expected)
     moved = tpu_inductor.transfers()
-    # Each call writes the whole cache back to the host (the authoritative copy stays there);
-    # it is sent to the device once, when generate() makes it, never per decode step.
+    # The cache is sent to the device once, when generate() makes it, never per decode step;
+    # each call brings the host's copy up to date by the entries it wrote (written_parts.py):
+    # all six calls move less than the cache once (whole write-backs moved it six times over).
     assert moved["calls"] == 6 and moved["host_to_device"]["argument"] < 1000  # token ids
-    assert 0 < moved["host_to_device"]["parameter"] < moved["device_to_host"]["mutation"] / 3
+    cache_bytes = moved["host_to_device"]["parameter"]
+    assert 0 < moved["device_to_host"]["mutation"] < cache_bytes / 2
     records = [json.loads(p.read_text()) for p in tmp_path.glob("*/compile.json")]
     assert records and all(r["transfers"] is not None for r in records if r["status"] == "ok")
     # the decode step updates the cache in place on the device (donated, not allocated twice)

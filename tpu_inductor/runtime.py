@@ -424,8 +424,11 @@ class CompiledGraph:
             self.per_call[ledger.HOST_TO_DEVICE, "argument"] += sizes[slot]
         if lowered.uses_rng:
             self.per_call[ledger.HOST_TO_DEVICE, "argument"] += 8
+        # Whole new values of inputs written in part: the tensors' device copies, never fetched.
+        self._on_device = frozenset(r for r, kind in enumerate(kinds) if kind == "device")
+        self._parts = {write.position: write for write in lowered.partial_writes}
         for r, kind in enumerate(kinds):
-            if r not in self._kept:
+            if r not in self._kept and r not in self._on_device:
                 spec = lowered.output_specs[r]
                 kind = "saved" if kind == "kept" else kind
                 self.per_call[ledger.DEVICE_TO_HOST, kind] += _nbytes(spec, spec.dtype)
@@ -495,7 +498,11 @@ class CompiledGraph:
         for r in self._published:
             self._publish(outs[r], results[r], output=True)
         for position, result in self.lowered.mutations:
-            args[position].copy_(outs[result])
+            part = self._parts.get(position)
+            if part is None:
+                args[position].copy_(outs[result])
+            else:
+                _write_part(args[position], part, outs)
             if self._mirror_key is not None:
                 self._mirror_written(args[position], results[result])
         returned = [
@@ -559,7 +566,11 @@ class CompiledGraph:
         """Module results as torch tensors; those kept on the device as DeviceTensors."""
         to_torch, specs = self._transfer.to_torch, self.lowered.output_specs
         outs = [
-            None if r in self._kept else to_torch(x) if cast is None else to_torch(x).to(cast)
+            None
+            if r in self._kept or r in self._on_device
+            else to_torch(x)
+            if cast is None
+            else to_torch(x).to(cast)
             for r, (x, cast) in enumerate(zip(results, self._output_casts))
         ]
         for r in self._kept:
@@ -682,8 +693,10 @@ class CompiledGraph:
 
 
 def _result_kinds(lowered, saved_outputs: frozenset[int]) -> list[str]:
-    """Per module result, what reads it: "mutation" (a write-back), "output" (a graph output
-    or a view's base), or "kept" (only outputs in `saved_outputs`, as they are)."""
+    """Per module result, what reads it: "mutation" (a write-back, or the part of one that
+    crosses), "output" (a graph output or a view's base), "kept" (only outputs in
+    `saved_outputs`, as they are), or "device" (nothing on the host: the whole new value of an
+    input whose host copy is updated by the part written)."""
     kinds = ["output"] * len(lowered.output_specs)
     readers: dict[int, set[str]] = collections.defaultdict(set)
     for index, slot in enumerate(lowered.outputs):
@@ -693,11 +706,27 @@ def _result_kinds(lowered, saved_outputs: frozenset[int]) -> list[str]:
             )
         if slot.view and slot.input is None:
             readers[slot.view[0]].add("other")
-    for _, result in lowered.mutations:
-        readers[result].add("mutation")
+    partial = {write.position for write in lowered.partial_writes}
+    for position, result in lowered.mutations:
+        readers[result].add("device" if position in partial else "mutation")
+    for write in lowered.partial_writes:  # the part written crosses, not the whole
+        for r in (write.piece, *(i for i in write.indices if i is not None)):
+            readers[r].add("mutation")
+    alone = {"saved": "kept", "device": "device"}  # what a result read by one reader is
     for r, seen in readers.items():
-        kinds[r] = "mutation" if "mutation" in seen else "kept" if seen == {"saved"} else "output"
+        only = alone.get(next(iter(seen))) if len(seen) == 1 else None
+        kinds[r] = "mutation" if "mutation" in seen else only or "output"
     return kinds
+
+
+def _write_part(tensor: torch.Tensor, part, outs: list) -> None:
+    """Bring `tensor` up to date by the part a graph wrote (a lowering.PartialWrite)."""
+    if part.slice is not None:
+        dim, start, end, step = part.slice
+        torch.ops.aten.slice.Tensor(tensor, dim, start, end, step).copy_(outs[part.piece])
+    else:
+        indices = [None if i is None else outs[i] for i in part.indices]
+        torch.ops.aten.index_put_.default(tensor, indices, outs[part.piece])
 
 
 def _nbytes(spec, dtype: torch.dtype) -> int:

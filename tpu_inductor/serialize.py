@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from . import cache, runtime
-from .lowering import LoweredModule, OutputSlot, Shardings, TensorSpec
+from .lowering import LoweredModule, OutputSlot, PartialWrite, Shardings, TensorSpec
 
 _SCALARS = (type(None), bool, int, float, str)
 
@@ -75,6 +75,10 @@ def lowered_to_json(lowered: LoweredModule) -> dict[str, Any]:
         "kernel_choices": dict(lowered.kernel_choices),
         "shardings": _shardings_to_json(lowered.shardings),
         "donated": list(lowered.donated),
+        "partial_writes": [
+            [w.position, w.piece, list(w.indices), None if w.slice is None else list(w.slice)]
+            for w in lowered.partial_writes
+        ],
     }
 
 
@@ -132,6 +136,17 @@ def lowered_from_json(data: dict[str, Any], bytecode: bytes, text: str) -> Lower
         shardings=_shardings_from_json(data.get("shardings")),
         kernel_choices={str(k): _int(n) for k, n in data.get("kernel_choices", {}).items()},
         donated=tuple(_int(i) for i in data.get("donated", ())),
+        partial_writes=tuple(_partial_write(w) for w in data.get("partial_writes", ())),
+    )
+
+
+def _partial_write(data: list) -> PartialWrite:
+    position, piece, indices, bounds = data
+    return PartialWrite(
+        _int(position),
+        _int(piece),
+        tuple(None if i is None else _int(i) for i in indices),
+        None if bounds is None else tuple(_int(b) for b in bounds),
     )
 
 
