@@ -75,6 +75,10 @@ def test_training_with_a_compiled_optimizer_step_keeps_state_on_the_device(name,
             assert moved["host_to_device"]["saved"] == 0, moved
             # the gradients the backward returned are not sent again to the optimizer step
             assert moved["host_to_device"]["argument"] < parameter_bytes / 10, moved
+            if device == "cpu-copy":  # the token ids and the loss's gradient, 1.0; not the
+                # zeros autograd makes for the logits' gradient (the loss alone is backward'ed)
+                ids = labels.numel() * labels.element_size()
+                assert moved["host_to_device"]["argument"] == ids + 4, moved
             assert moved["device_to_host"]["saved"] == 0, moved
             assert moved["device_to_host"]["materialized"] == 0, moved
     # Adam divides by the root of tiny second moments: rounding differences in near-zero
@@ -85,6 +89,59 @@ def test_training_with_a_compiled_optimizer_step_keeps_state_on_the_device(name,
     for index, q in enumerate(reference.parameters()):
         expected = reference_optimizer.state[q]["exp_avg"]
         torch.testing.assert_close(state[index]["exp_avg"], expected, rtol=1e-4, atol=1e-6)
+
+
+def test_a_zero_output_gradient_is_sent_once_and_others_every_time():
+    """A forward returning (loss, logits), trained on the loss: autograd hands the backward
+    zeros for the logits' gradient on every step; the device keeps zeros of its own. A step
+    that does differentiate the logits sends them, and every step's gradients equal eager's."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 32))
+    reference = copy.deepcopy(model)
+
+    def forward(module, x):
+        logits = module(x)
+        return logits.square().mean(), logits
+
+    compiled = _compile(lambda x: forward(model, x), "cpu-copy")
+    x, weights = torch.randn(4, 8), torch.randn(4, 32)
+    logits_bytes = 4 * 32 * 4
+    for step in range(6):
+        tpu_inductor.reset_transfers()
+        for run in (compiled, lambda x: forward(reference, x)):
+            loss, logits = run(x)
+            (loss + (logits * weights).sum() if step == 3 else loss).backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+            p.grad = q.grad = None
+        sent = tpu_inductor.transfers()["host_to_device"]["argument"]
+        if step >= 1:  # x and the loss's gradient; the logits' only where they are not zeros
+            assert sent == x.numel() * 4 + 4 + (logits_bytes if step == 3 else 0)
+
+
+def test_the_gradient_one_graph_returns_reaches_the_graph_before_a_break_on_the_device():
+    """Across a graph break the second graph's backward returns the gradient of the first's
+    output; the first graph's backward takes it from the device, not sent again."""
+    model = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 4))
+    reference = copy.deepcopy(model)
+
+    def forward(module, x):
+        h = module[1](module[0](x))
+        torch._dynamo.graph_break()
+        return module[2](h).square().sum()
+
+    compiled = _compile(lambda x: forward(model, x), "cpu-copy")
+    x = torch.randn(16, 8)
+    for _ in range(3):
+        tpu_inductor.reset_transfers()
+        compiled(x).backward()
+        forward(reference, x).backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+            p.grad = q.grad = None
+    # sent: x, the hidden state into the second forward (the break's eager code reads it on
+    # the host), the loss's gradient; not the hidden state's gradient into the first backward
+    moved = tpu_inductor.transfers()
+    assert moved["host_to_device"]["argument"] == x.numel() * 4 + 16 * 64 * 4 + 4, moved
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -146,7 +146,7 @@ def _roles(kind: str, gm: torch.fx.GraphModule, dynamo_inputs: int, from_graphs:
     """What AOTAutograd's calling convention makes of a graph's inputs and outputs: the
     activations the forward saves for the backward (a forward's outputs past its returns, its
     slice of them, tensors; a backward's inputs that are not gradients of outputs,
-    `tangents_*`), the mutated inputs whose version its wrapper bumps after the call; a
+    `tangents_*`, which are the gradients of its outputs), the mutated inputs whose version its wrapper bumps after the call; a
     backward's gradients become mirrors, and the inputs another graph returned
     (`from_graphs`, positions among the `dynamo_inputs` the forward takes in order) are taken
     from theirs."""
@@ -156,8 +156,9 @@ def _roles(kind: str, gm: torch.fx.GraphModule, dynamo_inputs: int, from_graphs:
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if kind == "backward":
-        inputs = tuple(i for i, n in enumerate(placeholders) if not n.name.startswith("tangents"))
-        return GraphRoles(saved_inputs=inputs, mirror_outputs=True)
+        tangents = tuple(i for i, n in enumerate(placeholders) if n.name.startswith("tangents"))
+        inputs = tuple(i for i in range(len(placeholders)) if i not in tangents)
+        return GraphRoles(saved_inputs=inputs, mirror_outputs=True, tangent_inputs=tangents)
     roles = _forward_roles(kind, gm)
     if from_graphs and len(placeholders) == dynamo_inputs:
         roles = dataclasses.replace(roles, mirrored_inputs=from_graphs)

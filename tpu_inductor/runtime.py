@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import distributed, ledger, mesh_placement, residency, transfer
+from . import distributed, ledger, mesh_placement, module_results, residency, transfer
 from .exc import CompileError, DeviceError
 
 log = logging.getLogger(__name__)
@@ -316,6 +316,9 @@ class GraphRoles:
     mirror_outputs: bool = False
     # Per-call inputs that came out of another graph (a gradient): taken from their mirror.
     mirrored_inputs: tuple[int, ...] = ()
+    # A backward's gradients of the forward's outputs: autograd's zeros for an output the loss
+    # does not read (a model's logits next to its loss) are not sent again (see CompiledGraph).
+    tangent_inputs: tuple[int, ...] = ()
 
 
 class CompiledGraph:
@@ -346,7 +349,7 @@ class CompiledGraph:
         # Device copies shared between graphs (none over a mesh: each graph splits its own).
         self._mirror_key = None if device.mesh else self._transfer.key
         sizes = [
-            _nbytes(spec, dtype)
+            module_results.nbytes(spec, dtype)
             for spec, dtype in zip(lowered.input_specs, lowered.module_input_dtypes)
         ]
         inputs = [  # (argument slot, graph input position, dtype to cast to first, or None)
@@ -361,7 +364,15 @@ class CompiledGraph:
         written = static & frozenset(position for position, _ in lowered.mutations)
         static = static - written
         mirrored = (frozenset(roles.mirrored_inputs) | written) - static - saved
-        self._per_call = tuple(e for e in inputs if e[1] not in static | saved | mirrored)
+        per_call = [e for e in inputs if e[1] not in static | saved | mirrored]
+        # Where a crossing is a copy: tangents that are all zeros take a device array of zeros
+        # sent once (autograd materializes the gradient of an output nothing differentiated —
+        # an LM's logits beside its loss, batch x length x vocabulary — on every step).
+        tangents = frozenset(roles.tangent_inputs) if device.holds_copies else frozenset()
+        tangents -= frozenset(position for position, _ in lowered.mutations)  # never donated
+        self._tangents = tuple((*e, sizes[e[0]]) for e in per_call if e[1] in tangents)
+        self._per_call = tuple(e for e in per_call if e[1] not in tangents)
+        self._zeros: dict[int, Any] = {}  # argument slot → a device array of zeros
         # Inputs that may be on the device already (a DeviceTensor, a mirror), with the kind a
         # miss is counted as.
         miss = {**dict.fromkeys(written, "parameter"), **dict.fromkeys(saved, "saved")}
@@ -398,7 +409,7 @@ class CompiledGraph:
         )
         self._donated_bytes = sum(sizes[slot] for slot in lowered.donated)
         # Module results that stay on the device: read by saved outputs only, as they are.
-        kinds = _result_kinds(lowered, saved_outputs)
+        kinds = module_results.kinds(lowered, saved_outputs)
         self._kept = tuple(
             r
             for r, kind in enumerate(kinds)
@@ -435,7 +446,9 @@ class CompiledGraph:
             if r not in self._kept and r not in self._on_device:
                 spec = lowered.output_specs[r]
                 kind = "saved" if kind == "kept" else kind
-                self.per_call[ledger.DEVICE_TO_HOST, kind] += _nbytes(spec, spec.dtype)
+                self.per_call[ledger.DEVICE_TO_HOST, kind] += module_results.nbytes(
+                    spec, spec.dtype
+                )
         self._per_call_entries = (*self.per_call.items(), (ledger.CALLS, 1))
         self._steady_calls = 0
         self._crossed = collections.Counter()  # what crossed besides, by (direction, kind)
@@ -483,6 +496,8 @@ class CompiledGraph:
             arrays[slot] = to_device(value, shardings[slot])
         if self._looked_up:
             self._looked_up_arguments(args, arrays)
+        if self._tangents:
+            self._tangent_arguments(args, arrays)
         for slot, position in self._mirrored:
             self._publish(args[position], arrays[slot])
         if self.lowered.uses_rng:
@@ -506,7 +521,7 @@ class CompiledGraph:
             if part is None:
                 args[position].copy_(outs[result])
             else:
-                _write_part(args[position], part, outs)
+                module_results.write_part(args[position], part, outs)
             if self._mirror_key is not None:
                 self._mirror_written(args[position], results[result])
         returned = [
@@ -613,6 +628,29 @@ class CompiledGraph:
         if sent:
             ledger.add(sent.items(), self._crossed)
 
+    def _tangent_arguments(self, args: list, arrays: list) -> None:
+        """The gradients of the forward's outputs: another graph's result on the device (a
+        mirror: the backward of the graph after a graph break), else sent (counted as
+        arguments), except a tensor of zeros, which takes the device's zeros of its slot (sent
+        the first time only; the check reads host memory, faster than the link to a TPU)."""
+        sent = 0
+        for slot, position, cast, size in self._tangents:
+            value = args[position] if cast is None else args[position].to(cast)
+            array = None if cast is not None else residency.mirrors.get(value, self._mirror_key)
+            if array is not None:
+                arrays[slot] = array
+                continue
+            zero = not value.any()
+            array = self._zeros.get(slot) if zero else None
+            if array is None:
+                array = self._transfer.to_device(value, self._shardings[slot])
+                sent += size
+                if zero:
+                    self._zeros[slot] = array
+            arrays[slot] = array
+        if sent:
+            ledger.add([((ledger.HOST_TO_DEVICE, "argument"), sent)], self._crossed)
+
     def _resharded(self, array, sharding):
         """`array` (a saved activation on this mesh) split as this module takes it: moved
         between the devices where the forward's layout differs (no host crossing)."""
@@ -696,47 +734,6 @@ class CompiledGraph:
         """`state` is no longer current (a parameter it holds died)."""
         if self._resident is state:
             self._resident = _Resident.empty(len(state.arguments))
-
-
-def _result_kinds(lowered, saved_outputs: frozenset[int]) -> list[str]:
-    """Per module result, what reads it: "mutation" (a write-back, or the part of one that
-    crosses), "output" (a graph output or a view's base), "kept" (only outputs in
-    `saved_outputs`, as they are), or "device" (nothing on the host: the whole new value of an
-    input whose host copy is updated by the part written)."""
-    kinds = ["output"] * len(lowered.output_specs)
-    readers: dict[int, set[str]] = collections.defaultdict(set)
-    for index, slot in enumerate(lowered.outputs):
-        if slot.result is not None:
-            readers[slot.result].add(
-                "saved" if index in saved_outputs and not slot.view else "other"
-            )
-        if slot.view and slot.input is None:
-            readers[slot.view[0]].add("other")
-    partial = {write.position for write in lowered.partial_writes}
-    for position, result in lowered.mutations:
-        readers[result].add("device" if position in partial else "mutation")
-    for write in lowered.partial_writes:  # the part written crosses, not the whole
-        for r in (write.piece, *(i for i in write.indices if i is not None)):
-            readers[r].add("mutation")
-    alone = {"saved": "kept", "device": "device"}  # what a result read by one reader is
-    for r, seen in readers.items():
-        only = alone.get(next(iter(seen))) if len(seen) == 1 else None
-        kinds[r] = "mutation" if "mutation" in seen else only or "output"
-    return kinds
-
-
-def _write_part(tensor: torch.Tensor, part, outs: list) -> None:
-    """Bring `tensor` up to date by the part a graph wrote (a lowering.PartialWrite)."""
-    if part.slice is not None:
-        dim, start, end, step = part.slice
-        torch.ops.aten.slice.Tensor(tensor, dim, start, end, step).copy_(outs[part.piece])
-    else:
-        indices = [None if i is None else outs[i] for i in part.indices]
-        torch.ops.aten.index_put_.default(tensor, indices, outs[part.piece])
-
-
-def _nbytes(spec, dtype: torch.dtype) -> int:
-    return math.prod(spec.shape) * dtype.itemsize
 
 
 class _Resident(residency.Watched):
