@@ -415,8 +415,10 @@ class CompiledGraph:
             for r, kind in enumerate(kinds)
             if kind == "kept" and self._output_casts[r] is None and roles.keep_saved
         )
-        # Results returned as host tensors that another graph reads next: published as mirrors.
-        publish = roles.mirror_outputs and self._mirror_key is not None
+        # Results returned as host tensors that another graph may read next (a backward's
+        # gradients; where arrays are copies, any output: the next graph after a graph break, or
+        # this one again in a loop, takes it without sending it back): published as mirrors.
+        publish = (roles.mirror_outputs or device.holds_copies) and self._mirror_key is not None
         self._published = tuple(
             r
             for r, kind in enumerate(kinds)
