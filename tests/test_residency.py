@@ -75,10 +75,10 @@ def test_training_with_a_compiled_optimizer_step_keeps_state_on_the_device(name,
             assert moved["host_to_device"]["saved"] == 0, moved
             # the gradients the backward returned are not sent again to the optimizer step
             assert moved["host_to_device"]["argument"] < parameter_bytes / 10, moved
-            if device == "cpu-copy":  # the token ids and the loss's gradient, 1.0; not the
-                # zeros autograd makes for the logits' gradient (the loss alone is backward'ed)
-                ids = labels.numel() * labels.element_size()
-                assert moved["host_to_device"]["argument"] == ids + 4, moved
+            # the token ids and the loss's gradient, 1.0; not the zeros autograd makes for the
+            # logits' gradient (the loss alone is backward'ed)
+            ids = labels.numel() * labels.element_size()
+            assert moved["host_to_device"]["argument"] == ids + 4, moved
             assert moved["device_to_host"]["saved"] == 0, moved
             assert moved["device_to_host"]["materialized"] == 0, moved
     # Adam divides by the root of tiny second moments: rounding differences in near-zero
@@ -91,7 +91,8 @@ def test_training_with_a_compiled_optimizer_step_keeps_state_on_the_device(name,
         torch.testing.assert_close(state[index]["exp_avg"], expected, rtol=1e-4, atol=1e-6)
 
 
-def test_a_zero_output_gradient_is_sent_once_and_others_every_time():
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_zero_output_gradient_is_sent_once_and_others_every_time(device):
     """A forward returning (loss, logits), trained on the loss: autograd hands the backward
     zeros for the logits' gradient on every step; the device keeps zeros of its own. A step
     that does differentiate the logits sends them, and every step's gradients equal eager's."""
@@ -102,7 +103,7 @@ def test_a_zero_output_gradient_is_sent_once_and_others_every_time():
         logits = module(x)
         return logits.square().mean(), logits
 
-    compiled = _compile(lambda x: forward(model, x), "cpu-copy")
+    compiled = _compile(lambda x: forward(model, x), device)
     x, weights = torch.randn(4, 8), torch.randn(4, 32)
     logits_bytes = 4 * 32 * 4
     for step in range(6):
@@ -118,7 +119,23 @@ def test_a_zero_output_gradient_is_sent_once_and_others_every_time():
             assert sent == x.numel() * 4 + 4 + (logits_bytes if step == 3 else 0)
 
 
-def test_values_crossing_a_graph_break_reach_the_next_graph_on_the_device():
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_kept_zeros_are_not_a_view_of_the_first_zero_gradient(device):
+    """The zeros a backward keeps are its own: writing the tensor they were made from later (a
+    gradient the user passed to `backward`) does not change them (zero-copy CPU included)."""
+    model = nn.Linear(4, 3)
+    compiled = _compile(model, device)
+    x = torch.randn(2, 4)
+    first = torch.zeros(2, 3)
+    compiled(x).backward(first)
+    first.fill_(7.0)  # the user's tensor, written after the call
+    model.weight.grad = None
+    compiled(x).backward(torch.zeros(2, 3))
+    assert not model.weight.grad.any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_values_crossing_a_graph_break_reach_the_next_graph_on_the_device(device):
     """Across a graph break the second graph takes the first's output, and the first graph's
     backward the gradient the second's backward returns, from the device: neither is sent."""
     model = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 4))
@@ -129,7 +146,7 @@ def test_values_crossing_a_graph_break_reach_the_next_graph_on_the_device():
         torch._dynamo.graph_break()
         return module[2](h).square().sum()
 
-    compiled = _compile(lambda x: forward(model, x), "cpu-copy")
+    compiled = _compile(lambda x: forward(model, x), device)
     x = torch.randn(16, 8)
     for _ in range(3):
         tpu_inductor.reset_transfers()

@@ -365,10 +365,10 @@ class CompiledGraph:
         static = static - written
         mirrored = (frozenset(roles.mirrored_inputs) | written) - static - saved
         per_call = [e for e in inputs if e[1] not in static | saved | mirrored]
-        # Where a crossing is a copy: tangents that are all zeros take a device array of zeros
-        # sent once (autograd materializes the gradient of an output nothing differentiated —
-        # an LM's logits beside its loss, batch x length x vocabulary — on every step).
-        tangents = frozenset(roles.tangent_inputs) if device.holds_copies else frozenset()
+        # Tangents that are all zeros take a device array of zeros sent once (autograd
+        # materializes the gradient of an output nothing differentiated — an LM's logits
+        # beside its loss, batch x length x vocabulary — on every step). One device.
+        tangents = frozenset(roles.tangent_inputs) if self._mirror_key else frozenset()
         tangents -= frozenset(position for position, _ in lowered.mutations)  # never donated
         self._tangents = tuple((*e, sizes[e[0]]) for e in per_call if e[1] in tangents)
         self._per_call = tuple(e for e in per_call if e[1] not in tangents)
@@ -415,10 +415,12 @@ class CompiledGraph:
             for r, kind in enumerate(kinds)
             if kind == "kept" and self._output_casts[r] is None and roles.keep_saved
         )
-        # Results returned as host tensors that another graph may read next (a backward's
-        # gradients; where arrays are copies, any output: the next graph after a graph break, or
-        # this one again in a loop, takes it without sending it back): published as mirrors.
-        publish = (roles.mirror_outputs or device.holds_copies) and self._mirror_key is not None
+        # Results returned as host tensors, which another graph may read next (the next graph
+        # after a graph break, this one again in a loop, a compiled optimizer step reading a
+        # backward's gradients) without sending them again: published as mirrors, a backward's
+        # findable by their memory too (autograd hands a gradient on as a `detach()` of it).
+        publish = self._mirror_key is not None
+        self._by_memory = roles.mirror_outputs
         self._published = tuple(
             r
             for r, kind in enumerate(kinds)
@@ -517,7 +519,7 @@ class CompiledGraph:
         if self._multiprocess:
             distributed.execution_finished()
         for r in self._published:
-            self._publish(outs[r], results[r], output=True)
+            self._publish(outs[r], results[r], output=self._by_memory)
         for position, result in self.lowered.mutations:
             part = self._parts.get(position)
             if part is None:
@@ -645,7 +647,8 @@ class CompiledGraph:
             zero = not value.any()
             array = self._zeros.get(slot) if zero else None
             if array is None:
-                array = self._transfer.to_device(value, self._shardings[slot])
+                # (kept zeros are a copy: a zero-copy CPU array would read a tensor written later)
+                array = self._transfer.to_device(value.clone() if zero else value)
                 sent += size
                 if zero:
                     self._zeros[slot] = array
