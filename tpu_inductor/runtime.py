@@ -311,8 +311,8 @@ class GraphRoles:
     saved_outputs: tuple[int, ...] = ()
     bumped_inputs: tuple[int, ...] = ()
     keep_saved: bool = True  # saved outputs stay on the device (option saved_on_device)
-    # Outputs another graph reads next (a backward's gradients, which a compiled optimizer step
-    # takes): their device arrays become mirrors of the host tensors returned.
+    # A backward's outputs (gradients, which a compiled optimizer step takes): their mirrors are
+    # found by the tensors' memory too (every graph's outputs are mirrors by identity).
     mirror_outputs: bool = False
     # Per-call inputs that came out of another graph (a gradient): taken from their mirror.
     mirrored_inputs: tuple[int, ...] = ()
