@@ -116,3 +116,24 @@ def _functional(gm, inputs):
             *inputs
         )
     return graphs[0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rows_written_at_symbolic_counts_come_back_at_their_true_size(device):
+    """A graph with symbolic sizes (bucketed) writing n rows: the host gets those n rows."""
+
+    def write(cache, rows, index):
+        cache.index_copy_(0, index, rows)
+        return cache.sum(0)
+
+    cache, reference = torch.zeros(32, 4), torch.zeros(32, 4)
+    compiled = torch.compile(
+        write, backend="tpu_inductor", dynamic=True, options={"device": device}
+    )
+    for count in (3, 5, 6, 7):
+        rows, index = torch.randn(count, 4), torch.arange(count) + 2 * count
+        tpu_inductor.reset_transfers()
+        torch.testing.assert_close(compiled(cache, rows, index), write(reference, rows, index))
+        torch.testing.assert_close(cache, reference)
+        moved = tpu_inductor.transfers()["device_to_host"]["mutation"]
+        assert moved == count * (4 * 4 + 8)  # the rows and their int64 indices
