@@ -221,8 +221,12 @@ def lower(
             else:
                 view = (result_of[base], size, stride, offset)
                 slots[index] = OutputSlot(None, view=view, view_dtype=dtype)
-        structure.update(slots=tuple(slots), mutations=tuple(mutations), partial=tuple(partial))
-        structure.update(part_specs=tuple(part_specs))
+        structure.update(
+            slots=tuple(slots),
+            mutations=tuple(mutations),
+            partial=tuple(partial),
+            part_specs=tuple(part_specs),
+        )
         if shardings is not None:  # the results the host reads whole; saved ones left open
             kept = {result_of[i] for i in separate_outputs if i in result_of}
             replicated = shardings.named()[-1]

@@ -145,9 +145,9 @@ def _static_input_indices() -> tuple[int, ...]:
 def _roles(kind: str, gm: torch.fx.GraphModule, dynamo_inputs: int, from_graphs: tuple):
     """What AOTAutograd's calling convention makes of a graph's inputs and outputs: the
     activations the forward saves for the backward (a forward's outputs past its returns, its
-    slice of them, tensors; a backward's inputs that are not gradients of outputs,
-    `tangents_*`, which are the gradients of its outputs), the mutated inputs whose version its wrapper bumps after the call; a
-    backward's gradients become mirrors, and the inputs another graph returned
+    slice of them, tensors; a backward's inputs that are not the gradients of the forward's
+    outputs, `tangents_*`), the tangents, the mutated inputs whose version its wrapper bumps
+    after the call; a backward's gradients become mirrors, and the inputs another graph returned
     (`from_graphs`, positions among the `dynamo_inputs` the forward takes in order) are taken
     from theirs."""
     import dataclasses

@@ -33,10 +33,13 @@ def kinds(lowered, saved_outputs: frozenset[int]) -> list[str]:
     for write in lowered.partial_writes:  # the part written crosses, not the whole
         for r in (write.piece, *(i for i in write.indices if i is not None)):
             readers[r].add("mutation")
-    alone = {"saved": "kept", "device": "device"}  # what a result read by one reader is
     for r, seen in readers.items():
-        only = alone.get(next(iter(seen))) if len(seen) == 1 else None
-        kinds[r] = "mutation" if "mutation" in seen else only or "output"
+        if "mutation" in seen:
+            kinds[r] = "mutation"
+        elif seen == {"saved"}:
+            kinds[r] = "kept"
+        elif seen == {"device"}:
+            kinds[r] = "device"
     return kinds
 
 

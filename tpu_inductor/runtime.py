@@ -363,16 +363,18 @@ class CompiledGraph:
         # device copy its own write-back publishes, not restamped as resident state per call.
         written = static & frozenset(position for position, _ in lowered.mutations)
         static = static - written
-        mirrored = (frozenset(roles.mirrored_inputs) | written) - static - saved
-        per_call = [e for e in inputs if e[1] not in static | saved | mirrored]
-        # Tangents that are all zeros take a device array of zeros sent once (autograd
-        # materializes the gradient of an output nothing differentiated — an LM's logits
-        # beside its loss, batch x length x vocabulary — on every step). One device.
+        # A backward's tangents, on one device: looked up too (another graph's backward may
+        # have returned one), and one that is all zeros takes a device array of zeros sent once
+        # (autograd materializes the gradient of an output nothing differentiated — an LM's
+        # logits beside its loss, batch x length x vocabulary — on every step).
         tangents = frozenset(roles.tangent_inputs) if self._mirror_key else frozenset()
         tangents -= frozenset(position for position, _ in lowered.mutations)  # never donated
-        self._tangents = tuple((*e, sizes[e[0]]) for e in per_call if e[1] in tangents)
-        self._per_call = tuple(e for e in per_call if e[1] not in tangents)
-        self._zeros: dict[int, Any] = {}  # argument slot → a device array of zeros
+        mirrored = (frozenset(roles.mirrored_inputs) | written | tangents) - static - saved
+        self._per_call = tuple(e for e in inputs if e[1] not in static | saved | mirrored)
+        self._tangent_slots = frozenset(
+            slot for slot, position, _ in inputs if position in tangents
+        )
+        self._zeros: dict[int, Any] = {}  # tangent slot → a device array of zeros
         # Inputs that may be on the device already (a DeviceTensor, a mirror), with the kind a
         # miss is counted as.
         miss = {**dict.fromkeys(written, "parameter"), **dict.fromkeys(saved, "saved")}
@@ -441,18 +443,17 @@ class CompiledGraph:
             self.per_call[ledger.HOST_TO_DEVICE, "argument"] += 8
         # Whole new values of inputs written in part: the tensors' device copies, never fetched.
         self._on_device = frozenset(r for r, kind in enumerate(kinds) if kind == "device")
-        self._parts = {write.position: write for write in lowered.partial_writes}
+        # (graph input, module result, its lowering.PartialWrite or None: written whole)
+        parts = {write.position: write for write in lowered.partial_writes}
+        self._write_backs = tuple((p, r, parts.get(p)) for p, r in lowered.mutations)
         # Results copied to the host: on an accelerator, all their copies are started at once
         # (jax's copy_to_host_async), so they overlap instead of waiting one after another.
         fetched = [r for r in range(len(kinds)) if r not in self._kept and r not in self._on_device]
         self._prefetched = tuple(fetched) if len(fetched) > 1 and not self._transfer.on_cpu else ()
-        for r, kind in enumerate(kinds):
-            if r not in self._kept and r not in self._on_device:
-                spec = lowered.output_specs[r]
-                kind = "saved" if kind == "kept" else kind
-                self.per_call[ledger.DEVICE_TO_HOST, kind] += module_results.nbytes(
-                    spec, spec.dtype
-                )
+        for r in fetched:
+            spec = lowered.output_specs[r]
+            kind = "saved" if kinds[r] == "kept" else kinds[r]
+            self.per_call[ledger.DEVICE_TO_HOST, kind] += module_results.nbytes(spec, spec.dtype)
         self._per_call_entries = (*self.per_call.items(), (ledger.CALLS, 1))
         self._steady_calls = 0
         self._crossed = collections.Counter()  # what crossed besides, by (direction, kind)
@@ -500,8 +501,6 @@ class CompiledGraph:
             arrays[slot] = to_device(value, shardings[slot])
         if self._looked_up:
             self._looked_up_arguments(args, arrays)
-        if self._tangents:
-            self._tangent_arguments(args, arrays)
         for slot, position in self._mirrored:
             self._publish(args[position], arrays[slot])
         if self.lowered.uses_rng:
@@ -520,8 +519,7 @@ class CompiledGraph:
             distributed.execution_finished()
         for r in self._published:
             self._publish(outs[r], results[r], output=self._by_memory)
-        for position, result in self.lowered.mutations:
-            part = self._parts.get(position)
+        for position, result, part in self._write_backs:
             if part is None:
                 args[position].copy_(outs[result])
             else:
@@ -606,8 +604,9 @@ class CompiledGraph:
         return outs
 
     def _looked_up_arguments(self, args: list, arrays: list) -> None:
-        """The arrays of saved activations and of other graphs' outputs: a DeviceTensor's own,
-        a mirror's, or sent (counted)."""
+        """The arrays of saved activations, of other graphs' outputs and of tangents: a
+        DeviceTensor's own, a mirror's, the zeros kept for a tangent slot (the check reads host
+        memory, faster than the link to a TPU), or sent (counted)."""
         key, sent = self._mirror_key, collections.Counter()
         for slot, position, cast, size, kind in self._looked_up:
             value = args[position]
@@ -618,43 +617,27 @@ class CompiledGraph:
             ):
                 arrays[slot] = self._resharded(value.array, self._shardings[slot])
                 continue
-            array = None
             if key is not None and cast is None:
                 array = residency.mirrors.get(value, key, position in self._bumped)
+                if array is not None:
+                    arrays[slot] = array
+                    continue
+            value = value if cast is None else value.to(cast)
+            zero = slot in self._tangent_slots and not value.any()
+            array = self._zeros.get(slot) if zero else None
             if array is None:
+                # (kept zeros are a copy: a zero-copy CPU array would read a tensor written later)
                 array = self._transfer.to_device(
-                    value if cast is None else value.to(cast), self._shardings[slot]
+                    value.clone() if zero else value, self._shardings[slot]
                 )
                 sent[ledger.HOST_TO_DEVICE, kind] += size
-                if key is not None and cast is None:
+                if zero:
+                    self._zeros[slot] = array
+                elif key is not None and cast is None:
                     self._publish(value, array)
             arrays[slot] = array
         if sent:
             ledger.add(sent.items(), self._crossed)
-
-    def _tangent_arguments(self, args: list, arrays: list) -> None:
-        """The gradients of the forward's outputs: another graph's result on the device (a
-        mirror: the backward of the graph after a graph break), else sent (counted as
-        arguments), except a tensor of zeros, which takes the device's zeros of its slot (sent
-        the first time only; the check reads host memory, faster than the link to a TPU)."""
-        sent = 0
-        for slot, position, cast, size in self._tangents:
-            value = args[position] if cast is None else args[position].to(cast)
-            array = None if cast is not None else residency.mirrors.get(value, self._mirror_key)
-            if array is not None:
-                arrays[slot] = array
-                continue
-            zero = not value.any()
-            array = self._zeros.get(slot) if zero else None
-            if array is None:
-                # (kept zeros are a copy: a zero-copy CPU array would read a tensor written later)
-                array = self._transfer.to_device(value.clone() if zero else value)
-                sent += size
-                if zero:
-                    self._zeros[slot] = array
-            arrays[slot] = array
-        if sent:
-            ledger.add([((ledger.HOST_TO_DEVICE, "argument"), sent)], self._crossed)
 
     def _resharded(self, array, sharding):
         """`array` (a saved activation on this mesh) split as this module takes it: moved
