@@ -20,6 +20,7 @@ __all__ = [
     "shard",
     "shard_optimizer_state",
     "sharding_plans",
+    "sync",
     "transfers",
 ]
 
@@ -79,6 +80,15 @@ def save_plans() -> list[str]:
     from .bucketing import save_plans as run
 
     return run()
+
+
+def sync(*objects) -> int:
+    """Bring host copies left stale under options={"host_sync": "explicit"} up to date: every
+    one, or those of the given tensors, modules (their parameters, gradients and buffers) and
+    optimizers (their state). Returns the bytes copied from the device (ledger kind "synced")."""
+    from .host_sync import sync_objects
+
+    return sync_objects(objects)
 
 
 def transfers() -> dict:

@@ -6,11 +6,15 @@ lookup alone, for torch's AOTAutogradCache (nothing was traced in the process th
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import cache, collectives, debug, dispatch, runtime, serialize
 from .config import Options
+
+log = logging.getLogger(__name__)
 
 
 def context_entries(options: Options, device: runtime.Device) -> list[tuple[str, Any]]:
@@ -92,6 +96,19 @@ def load_cached(
 
 
 def kept_roles(roles: runtime.GraphRoles | None, options: Options) -> runtime.GraphRoles:
-    """`roles`, with no saved output kept on the device under `saved_on_device=False`."""
+    """`roles`, with no saved output kept on the device under `saved_on_device=False`, and
+    written state and gradients left on the device under `host_sync="explicit"` (where host
+    storages can be marked stale here: else with a warning, brought up to date each call)."""
     roles = roles or runtime.GraphRoles()
-    return dataclasses.replace(roles, keep_saved=options.saved_on_device)
+    defer = options.host_sync == "explicit" and _can_defer()
+    return dataclasses.replace(roles, keep_saved=options.saved_on_device, defer_host=defer)
+
+
+@functools.cache
+def _can_defer() -> bool:
+    from .host_sync import host_sync
+
+    why = host_sync.available()
+    if why is not None:
+        log.warning("%s Host copies are brought up to date after each call instead.", why)
+    return why is None

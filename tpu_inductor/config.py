@@ -105,6 +105,11 @@ class Options:
     # Activations saved for the backward stay on the device (residency.DeviceTensor) instead of
     # crossing to the host and back; eager code that reads one gets its values.
     saved_on_device: bool = True
+    # When host tensors a graph writes (parameters, optimizer state, caches) and a backward's
+    # gradients are brought up to date: after "each_call" (they cross the host link every
+    # step), or on "explicit" `tpu_inductor.sync()`: they stay on the device, and eager code
+    # that reads one before the sync gets an error that says so (tpu_inductor/host_sync.py).
+    host_sync: str = _knob("each_call", choices=("each_call", "explicit"))
     # Passes to skip, by name (for bisecting a miscompile).
     disable_passes: tuple[str, ...] = ()
     # Folder to dump every compile's stages into (graphs, StableHLO, HLO, compile.json); None: off.
@@ -159,6 +164,7 @@ NOT_IN_CACHE_KEY = frozenset(
     {
         "resident_params",
         "saved_on_device",
+        "host_sync",
         "cache",
         "cache_dir",
         "cache_max_mb",

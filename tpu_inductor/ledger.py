@@ -12,6 +12,8 @@ crossing as an accelerator would pay it, whatever the CPU client does underneath
                   mutation      a buffer the graph wrote, copied back into its host tensor
                   materialized  a value kept on the device (tensors.DeviceTensor) read by eager
                                 code
+                  synced        a host copy left stale (host_sync="explicit") brought up to
+                                date by tpu_inductor.sync()
 
 What stays on the device (parameters while unchanged, saved activations the backward reads,
 state a compiled graph wrote) counts nothing. Per process here (`transfers()`), per compiled
@@ -27,7 +29,7 @@ HOST_TO_DEVICE = "host_to_device"
 DEVICE_TO_HOST = "device_to_host"
 KINDS = {
     HOST_TO_DEVICE: ("argument", "parameter", "saved"),
-    DEVICE_TO_HOST: ("output", "saved", "mutation", "materialized"),
+    DEVICE_TO_HOST: ("output", "saved", "mutation", "materialized", "synced"),
 }
 
 CALLS = ("calls", "")  # the key that counts executions, besides the bytes

@@ -13,11 +13,12 @@ import math
 import torch
 
 
-def kinds(lowered, saved_outputs: frozenset[int]) -> list[str]:
+def kinds(lowered, saved_outputs: frozenset[int], deferred: bool = False) -> list[str]:
     """Per module result, what reads it: "mutation" (a write-back, or the part of one that
     crosses), "output" (a graph output or a view's base), "kept" (only outputs in
     `saved_outputs`, as they are), or "device" (nothing on the host: the whole new value of an
-    input whose host copy is updated by the part written)."""
+    input whose host copy is updated by the part written). `deferred` (host_sync="explicit"):
+    a write-back's value and parts are "deferred" (left on the device, the host copy stale)."""
     kinds = ["output"] * len(lowered.output_specs)
     readers: dict[int, set[str]] = collections.defaultdict(set)
     for index, slot in enumerate(lowered.outputs):
@@ -29,10 +30,11 @@ def kinds(lowered, saved_outputs: frozenset[int]) -> list[str]:
             readers[slot.view[0]].add("other")
     partial = {write.position for write in lowered.partial_writes}
     for position, result in lowered.mutations:
-        readers[result].add("device" if position in partial else "mutation")
+        whole = "device" if position in partial else "mutation"
+        readers[result].add("deferred" if deferred else whole)
     for write in lowered.partial_writes:  # the part written crosses, not the whole
         for r in (write.piece, *(i for i in write.indices if i is not None)):
-            readers[r].add("mutation")
+            readers[r].add("deferred" if deferred else "mutation")
     for r, seen in readers.items():
         if "mutation" in seen:
             kinds[r] = "mutation"
@@ -40,6 +42,8 @@ def kinds(lowered, saved_outputs: frozenset[int]) -> list[str]:
             kinds[r] = "kept"
         elif seen == {"device"}:
             kinds[r] = "device"
+        elif seen == {"deferred"}:
+            kinds[r] = "deferred"
     return kinds
 
 

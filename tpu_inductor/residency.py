@@ -28,6 +28,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import ledger
+from .host_sync import host_sync
 
 
 class DeviceTensor(torch.Tensor):
@@ -175,7 +176,7 @@ def _memory(tensor: torch.Tensor, device_key: Any) -> tuple:
     """Which memory a tensor views, and how: equal for a tensor and its `detach()`."""
     return (
         device_key,
-        tensor.data_ptr(),
+        address(tensor),
         tuple(tensor.shape),
         tensor.stride(),
         tensor.dtype,
@@ -190,7 +191,17 @@ def stamps(tensors: Sequence[torch.Tensor]) -> list[tuple[int, int, int]]:
 def stamp(tensor: torch.Tensor) -> tuple[int, int]:
     """What changes when a tensor's values may have: its version (inference tensors have none:
     -1) and its storage."""
-    return (-1 if tensor.is_inference() else tensor._version, tensor.data_ptr())
+    return (-1 if tensor.is_inference() else tensor._version, address(tensor))
+
+
+def address(tensor: torch.Tensor) -> int:
+    """`tensor.data_ptr()`, also of a tensor whose host memory is stale (host_sync), where
+    `data_ptr()` raises."""
+    if host_sync.pending:
+        stale = host_sync.address(tensor)
+        if stale is not None:
+            return stale
+    return tensor.data_ptr()
 
 
 mirrors = Mirrors()

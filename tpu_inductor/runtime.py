@@ -26,6 +26,7 @@ import torch
 
 from . import distributed, ledger, mesh_placement, module_results, residency, transfer
 from .exc import CompileError, DeviceError
+from .host_sync import GRADIENT, host_sync, leaves_stale
 
 log = logging.getLogger(__name__)
 
@@ -319,6 +320,9 @@ class GraphRoles:
     # A backward's gradients of the forward's outputs: autograd's zeros for an output the loss
     # does not read (a model's logits next to its loss) are not sent again (see CompiledGraph).
     tangent_inputs: tuple[int, ...] = ()
+    # host_sync="explicit": the inputs it writes and a backward's gradients stay on the device,
+    # their host memory stale until tpu_inductor.sync() (host_sync.py).
+    defer_host: bool = False
 
 
 class CompiledGraph:
@@ -411,7 +415,8 @@ class CompiledGraph:
         )
         self._donated_bytes = sum(sizes[slot] for slot in lowered.donated)
         # Module results that stay on the device: read by saved outputs only, as they are.
-        kinds = module_results.kinds(lowered, saved_outputs)
+        self._defer = defer = roles.defer_host and self._mirror_key is not None
+        kinds = module_results.kinds(lowered, saved_outputs, deferred=defer)
         self._kept = tuple(
             r
             for r, kind in enumerate(kinds)
@@ -441,18 +446,37 @@ class CompiledGraph:
             self.per_call[ledger.HOST_TO_DEVICE, "argument"] += sizes[slot]
         if lowered.uses_rng:
             self.per_call[ledger.HOST_TO_DEVICE, "argument"] += 8
-        # Whole new values of inputs written in part: the tensors' device copies, never fetched.
-        self._on_device = frozenset(r for r, kind in enumerate(kinds) if kind == "device")
+        # Whole new values of inputs written in part: the tensors' device copies, never fetched;
+        # under host_sync="explicit", every written value and part (fetched only where the
+        # tensor is not its whole storage), and a backward's gradients: host tensors left stale.
+        written_values = {r for _, r in lowered.mutations}  # (not the parts: never read then)
+        stays = [
+            r not in written_values or leaves_stale(math.prod(spec.shape))
+            for r, spec in enumerate(lowered.output_specs)
+        ]
+        self._on_device = frozenset(
+            r for r, kind in enumerate(kinds) if kind == "device" or kind == "deferred" and stays[r]
+        )
+        self._deferred = frozenset(
+            r for r in self._on_device if kinds[r] == "deferred" and self._output_casts[r] is None
+        )
+        viewed = {view[2] for view in self._views if not view[1]}
+        self._stale_outputs = tuple(
+            r
+            for r in self._published
+            if defer and roles.mirror_outputs and r not in viewed and stays[r]
+        )
         # (graph input, module result, its lowering.PartialWrite or None: written whole)
         parts = {write.position: write for write in lowered.partial_writes}
         self._write_backs = tuple((p, r, parts.get(p)) for p, r in lowered.mutations)
         # Results copied to the host: on an accelerator, all their copies are started at once
         # (jax's copy_to_host_async), so they overlap instead of waiting one after another.
-        fetched = [r for r in range(len(kinds)) if r not in self._kept and r not in self._on_device]
+        self._unfetched = frozenset((*self._kept, *self._on_device, *self._stale_outputs))
+        fetched = [r for r in range(len(kinds)) if r not in self._unfetched]
         self._prefetched = tuple(fetched) if len(fetched) > 1 and not self._transfer.on_cpu else ()
         for r in fetched:
             spec = lowered.output_specs[r]
-            kind = "saved" if kinds[r] == "kept" else kinds[r]
+            kind = {"kept": "saved", "deferred": "mutation"}.get(kinds[r], kinds[r])
             self.per_call[ledger.DEVICE_TO_HOST, kind] += module_results.nbytes(spec, spec.dtype)
         self._per_call_entries = (*self.per_call.items(), (ledger.CALLS, 1))
         self._steady_calls = 0
@@ -520,12 +544,18 @@ class CompiledGraph:
         for r in self._published:
             self._publish(outs[r], results[r], output=self._by_memory)
         for position, result, part in self._write_backs:
-            if part is None:
-                args[position].copy_(outs[result])
+            tensor = args[position]
+            if result in self._deferred and host_sync.defer(
+                tensor, results[result], self._mirror_key, self._transfer.to_torch
+            ):
+                residency.mirrors.put(tensor, self._mirror_key, results[result])
+                continue
+            if part is not None and not self._defer:  # the part written: its pieces fetched
+                module_results.write_part(tensor, part, outs)
             else:
-                module_results.write_part(args[position], part, outs)
+                tensor.copy_(self._host_value(outs, results, result))
             if self._mirror_key is not None:
-                self._mirror_written(args[position], results[result])
+                self._mirror_written(tensor, results[result])
         returned = [
             outs[result] if result is not None else value if source is None else args[source]
             for result, source, value in self._slots
@@ -537,6 +567,18 @@ class CompiledGraph:
             returned[index] = viewed.as_strided(size, stride, offset)
         args.clear()
         return returned
+
+    def _host_value(self, outs: list, results: list, r: int) -> torch.Tensor:
+        """Module result `r` on the host: fetched already, or now (a value left on the device
+        for a tensor that turned out not to be its whole storage: counted)."""
+        if outs[r] is None:
+            spec = self.lowered.output_specs[r]
+            entry = ((ledger.DEVICE_TO_HOST, "mutation"), module_results.nbytes(spec, spec.dtype))
+            ledger.add([entry], self._crossed)
+            cast = self._output_casts[r]
+            outs[r] = self._transfer.to_torch(results[r])
+            outs[r] = outs[r] if cast is None else outs[r].to(cast)
+        return outs[r]
 
     def _execute(self, arrays: list, args: list):
         """Run the executable. A donated argument's array is deleted by the call: one that is
@@ -589,11 +631,7 @@ class CompiledGraph:
         for r in self._prefetched:
             results[r].copy_to_host_async()
         outs = [
-            None
-            if r in self._kept or r in self._on_device
-            else to_torch(x)
-            if cast is None
-            else to_torch(x).to(cast)
+            None if r in self._unfetched else to_torch(x) if cast is None else to_torch(x).to(cast)
             for r, (x, cast) in enumerate(zip(results, self._output_casts))
         ]
         for r in self._kept:
@@ -601,6 +639,11 @@ class CompiledGraph:
             outs[r] = residency.DeviceTensor(
                 results[r], spec.shape, spec.dtype, to_torch, self._transfer.key
             )
+        for r in self._stale_outputs:  # gradients under host_sync="explicit"
+            spec = specs[r]
+            on_cpu = self._transfer.on_cpu  # (the CPU's zero-copy tensor costs nothing)
+            outs[r] = to_torch(results[r]) if on_cpu else torch.empty(spec.shape, dtype=spec.dtype)
+            host_sync.defer(outs[r], results[r], self._mirror_key, to_torch, GRADIENT)
         return outs
 
     def _looked_up_arguments(self, args: list, arrays: list) -> None:
@@ -623,7 +666,7 @@ class CompiledGraph:
                     arrays[slot] = array
                     continue
             value = value if cast is None else value.to(cast)
-            zero = slot in self._tangent_slots and not value.any()
+            zero = slot in self._tangent_slots and not host_sync.is_stale(value) and not value.any()
             array = self._zeros.get(slot) if zero else None
             if array is None:
                 # (kept zeros are a copy: a zero-copy CPU array would read a tensor written later)
@@ -686,7 +729,11 @@ class CompiledGraph:
             if now != before or index in state.copies:
                 array = self._send(index, tensor)
                 arguments[self._resident_inputs[index][0]] = array
-                if self._transfer.on_cpu and not self._transfer.aliases(array, tensor):
+                if (
+                    self._transfer.on_cpu
+                    and not self._transfer.aliases(array, tensor)
+                    and not host_sync.is_stale(tensor)  # no host write to see: never re-sent
+                ):
                     copies.append(index)
         fresh = _Resident(stamp, tuple(arguments), frozenset(copies))
         fresh.watch(tensors, self)

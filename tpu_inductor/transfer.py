@@ -52,6 +52,10 @@ class Transfer:
             if tensor.device_key == self.key and sharding is None:
                 return tensor.array
             tensor = tensor.host()
+        elif sharding is None:  # a host tensor whose values this device holds (host_sync)
+            stale = residency.host_sync.array(tensor, self.key)
+            if stale is not None:
+                return stale
         if tensor.requires_grad:  # (dlpack exports no tensor that requires grad)
             tensor = tensor.detach()
         if tensor.is_conj() or tensor.is_neg():  # lazy bits dlpack would drop: apply them
@@ -88,7 +92,7 @@ class Transfer:
 
     def aliases(self, array, tensor: torch.Tensor) -> bool:
         """Whether a CPU `array` reads `tensor`'s memory (a zero-copy transfer), not a copy."""
-        return array.unsafe_buffer_pointer() == tensor.data_ptr()
+        return array.unsafe_buffer_pointer() == residency.address(tensor)
 
     def to_torch(self, array) -> torch.Tensor:
         """A CPU torch tensor of a device array (zero-copy on CPU)."""

@@ -1,0 +1,278 @@
+"""options={"host_sync": "explicit"}: written state and gradients stay on the device.
+
+Every test runs on the zero-copy CPU device and on "cpu-copy" (every crossing a copy, as on an
+accelerator). What a test checks on the host it reads after `tpu_inductor.sync()`; before it,
+every stale tensor must raise the error that names the sync, never give its old values.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn as nn
+
+import tpu_inductor
+from tests import hf_zoo
+
+DEVICES = ["cpu", "cpu-copy"]
+STALE = "call tpu_inductor.sync()"
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    """Own graphs per test; nothing left stale for the next one."""
+    torch._dynamo.reset()
+    yield
+    tpu_inductor.sync()
+
+
+def _compile(fn, device: str):
+    options = {"device": device, "host_sync": "explicit"}
+    return torch.compile(fn, backend="tpu_inductor", dynamic=False, options=options)
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _raises_stale(read) -> None:
+    with pytest.raises(RuntimeError, match=r"tpu_inductor\.sync\(\)"):
+        read()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_a_training_step_moves_the_batch_and_the_loss(name, device):
+    """20 AdamW steps equal eager's. In the steady state the step sends the token ids and the
+    loss's gradient and brings home the outputs (loss, logits) and AdamW's step counters (4
+    bytes each): parameters, gradients, moments and saved activations move 0 bytes. A sync
+    brings home exactly the parameters and both moments, and the steps after it still send
+    nothing (the sync keeps the tensors' versions: the device copies stay current)."""
+    model, inputs = hf_zoo.build(name)
+    model.train()
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3, foreach=False)
+    forward, step = _compile(model, device), _compile(optimizer.step, device)
+    labels = inputs["input_ids"]
+    parameters = list(model.parameters())
+    for i in range(20):
+        tpu_inductor.reset_transfers()
+        out = forward(**inputs, labels=labels)
+        out.loss.backward()
+        step()
+        optimizer.zero_grad(set_to_none=True)
+        expected = reference(**inputs, labels=labels).loss
+        expected.backward()
+        reference_optimizer.step()
+        reference_optimizer.zero_grad(set_to_none=True)
+        torch.testing.assert_close(out.loss.detach(), expected.detach(), rtol=1e-5, atol=0)
+        moved = tpu_inductor.transfers()
+        if i == 10:
+            synced = tpu_inductor.sync()
+            assert synced == 3 * _nbytes(parameters)  # weights, exp_avg, exp_avg_sq
+        if i >= 2:
+            assert moved["host_to_device"] == {
+                "argument": _nbytes([labels]) + 4,
+                "parameter": 0,
+                "saved": 0,
+            }, moved
+            outputs = _nbytes([out.loss, out.logits])
+            assert moved["device_to_host"] == {
+                "output": outputs,
+                "saved": 0,
+                "mutation": 4 * len(parameters),
+                "materialized": 0,
+                "synced": 0,
+            }, moved
+    _raises_stale(lambda: parameters[0].sum())
+    tpu_inductor.sync()
+    for (n, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-4, msg=n)
+    state = optimizer.state_dict()["state"]
+    for index, q in enumerate(reference.parameters()):
+        expected = reference_optimizer.state[q]["exp_avg"]
+        torch.testing.assert_close(state[index]["exp_avg"], expected, rtol=1e-4, atol=1e-6)
+
+
+def _norm_model():
+    # (no bias before the norm: its gradient is 0 up to rounding, which Adam amplifies)
+    return nn.Sequential(nn.Linear(16, 16, bias=False), nn.BatchNorm1d(16), nn.Linear(16, 4))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_stale_tensor_raises_until_synced_then_reads_current(device):
+    """A parameter, a buffer a forward wrote, a gradient, AdamW's moments and a checkpoint
+    save each raise before the sync (an eager write too, leaving the values as they were);
+    one-element state (counters) reads current all along. `sync(model)` brings the model home
+    and leaves the optimizer stale; `sync(optimizer)` the rest; both equal eager."""
+    torch.manual_seed(0)
+    model = _norm_model()
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2, foreach=False)
+    forward, step = _compile(model, device), _compile(optimizer.step, device)
+    for i in range(3):
+        x = torch.randn(8, 16)
+        forward(x).pow(2).mean().backward()
+        reference(x).pow(2).mean().backward()
+        if i < 2:
+            step()
+            optimizer.zero_grad(set_to_none=True)
+            reference_optimizer.step()
+            reference_optimizer.zero_grad(set_to_none=True)
+    weight, norm = model[0].weight, model[1]
+    moments = optimizer.state[weight]
+    for read in (
+        lambda: weight.sum(),
+        lambda: norm.running_mean.clone(),
+        lambda: print(weight.grad),
+        lambda: moments["exp_avg"].norm(),
+        lambda: torch.save(model.state_dict(), io.BytesIO()),
+        lambda: weight.detach().view(-1)[0].item(),
+    ):
+        _raises_stale(read)
+    with pytest.raises(RuntimeError, match="a gradient a compiled backward returned"):
+        weight.grad.numpy()
+    with torch.no_grad():
+        _raises_stale(lambda: weight.mul_(0))
+    assert norm.num_batches_tracked.item() == 3
+    assert moments["step"].item() == 2
+    tpu_inductor.sync(model)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, reference.state_dict()[name], rtol=1e-4, atol=1e-5)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    _raises_stale(lambda: moments["exp_avg"].sum())
+    tpu_inductor.sync(optimizer)
+    saved = io.BytesIO()
+    torch.save(optimizer.state_dict(), saved)
+    saved.seek(0)
+    loaded = torch.load(saved)["state"]
+    expected = reference_optimizer.state_dict()["state"]
+    for index, state in loaded.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(
+                state[key], expected[index][key], rtol=1e-4, atol=1e-6, msg=key
+            )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradients_accumulated_over_two_backward_calls_raise_and_keep_the_first(device):
+    """Eager autograd adds a second backward's gradients on the host, which the stale ones
+    cannot be: it raises (naming host_sync="each_call"), and the first gradients stay intact."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    reference = copy.deepcopy(model)
+    forward = _compile(model, device)
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    forward(x).sum().backward()
+    with pytest.raises(RuntimeError, match="accumulate gradients that way, compile with"):
+        forward(y).sum().backward()
+    reference(x).sum().backward()
+    tpu_inductor.sync()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_static_cache_stays_on_the_device_through_generate(device, monkeypatch):
+    """The static-cache recipe (mode="reduce-overhead") under host_sync="explicit": eager's
+    tokens; the cache never crosses, each way (only its one-element length counters come
+    home, which generate reads); read before a sync it raises, after it equals eager's."""
+    monkeypatch.setenv("TPU_INDUCTOR_DEVICE", device)
+    monkeypatch.setenv("TPU_INDUCTOR_HOST_SYNC", "explicit")
+    model, inputs = hf_zoo.build("llama")
+    prompt = inputs["input_ids"][:1]
+    how = dict(max_new_tokens=6, do_sample=False, cache_implementation="static")
+    expected = model.generate(prompt, **how, return_dict_in_generate=True)
+    model.forward = torch.compile(
+        model.forward, backend="tpu_inductor", mode="reduce-overhead", fullgraph=True
+    )
+    model.generate(prompt, **how)
+    tpu_inductor.sync()  # (the first generate's cache)
+    tpu_inductor.reset_transfers()
+    generated = model.generate(prompt, **how, return_dict_in_generate=True)
+    assert torch.equal(generated.sequences, expected.sequences)
+    moved = tpu_inductor.transfers()
+    layers = generated.past_key_values.layers
+    cache = [t for layer in layers for t in (layer.keys, layer.values)]
+    # the decode steps' mutations: one 8-byte counter per layer and call
+    assert moved["calls"] == 6 and moved["device_to_host"]["mutation"] <= 6 * 8 * len(layers)
+    assert moved["host_to_device"]["parameter"] < 64
+    _raises_stale(lambda: cache[0].sum())
+    assert tpu_inductor.sync() == _nbytes(cache)
+    expected_cache = [t for x in expected.past_key_values.layers for t in (x.keys, x.values)]
+    for value, reference in zip(cache, expected_cache):
+        torch.testing.assert_close(value, reference, rtol=1e-5, atol=1e-6)
+
+
+class _WritesAView(nn.Module):
+    """A buffer that is a view into a larger storage, and a one-element counter."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("whole", torch.zeros(8, 4))
+        self.part = self.whole[2:6]
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x):
+        self.part.add_(x)
+        self.count.add_(1)
+        return x * 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_written_view_of_a_larger_storage_is_written_on_the_host(device):
+    """Only a tensor that is its whole storage is left stale: a view is brought up to date
+    each call (counted), as is a one-element tensor; both read current without a sync."""
+    module, reference = _WritesAView(), _WritesAView()
+    compiled = _compile(module, device)
+    for _ in range(3):
+        x = torch.randn(4, 4)
+        tpu_inductor.reset_transfers()
+        torch.testing.assert_close(compiled(x), reference(x))
+        torch.testing.assert_close(module.whole, reference.whole)
+        assert module.count.item() == reference.count.item()
+    assert tpu_inductor.transfers()["device_to_host"]["mutation"] == 4 * 4 * 4 + 4
+
+
+def test_sync_takes_tensors_modules_and_optimizers_only():
+    assert tpu_inductor.sync() == 0
+    assert tpu_inductor.sync(torch.ones(3), nn.Linear(2, 2)) == 0
+    with pytest.raises(TypeError, match="tensors, modules and optimizers; got int"):
+        tpu_inductor.sync(42)
+
+
+def test_without_a_compiler_it_warns_and_brings_host_copies_up_to_date(tmp_path):
+    """Where the stale mark cannot be built (no C++ compiler), the option warns once and the
+    host copies are current after each call, as with host_sync="each_call"."""
+    script = textwrap.dedent(
+        """
+        import torch, torch.nn as nn, tpu_inductor
+        from tpu_inductor import host_sync
+        host_sync._torch_marks = lambda: None  # the shim's road, also on a CUDA build of torch
+        model = nn.Linear(4, 4)
+        reference = nn.Linear(4, 4)
+        reference.load_state_dict(model.state_dict())
+        options = {"device": "cpu-copy", "host_sync": "explicit", "cache": False}
+        f = torch.compile(model, backend="tpu_inductor", options=options)
+        f(torch.ones(2, 4)).sum().backward()
+        reference(torch.ones(2, 4)).sum().backward()
+        torch.testing.assert_close(model.weight.grad, reference.weight.grad)
+        print("ok")
+        """
+    )
+    env = {**os.environ, "CXX": str(tmp_path / "no-compiler"), "XDG_CACHE_HOME": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+    assert run.stderr.count("host_sync='explicit' needs to mark host storages stale") == 1

@@ -1,0 +1,313 @@
+"""Host copies brought up to date on request (option `host_sync="explicit"`).
+
+By default every compiled call brings the host tensors it writes (a parameter an optimizer step
+updated, its AdamW moments, a KV cache) and the gradients a backward returns up to date: on an
+accelerator those bytes cross the host link on every step, though the next compiled graph reads
+them from the device. Under `host_sync="explicit"` they stay on the device: the host tensor's
+storage is marked *stale* and the device array is its only current copy. Any eager access to a
+stale storage's memory (an op, a print, `.numpy()`, `torch.save`, `state_dict()` values)
+raises an error that says to call `tpu_inductor.sync()`, which copies the pending values into
+the host tensors; compiled graphs take the device arrays as they are. A stale copy is never
+read as current: torch's own storage check raises (the mechanism Inductor's CUDA graphs use for
+outputs a later replay overwrote), and eager writes raise too, so the host cannot diverge.
+
+The mark is torch's `StorageImpl` data-pointer error. CUDA builds of torch expose it to Python
+(`torch._C._set_storage_data_ptr_access_error_msg`); elsewhere a C function of a few lines over
+torch's own header sets it, compiled once per torch build with the system's C++ compiler and
+kept in the user's cache directory. Without a compiler the option warns and works as
+`"each_call"`.
+
+Only a tensor that covers its whole storage (contiguous, offset 0: a parameter, an optimizer
+state, a gradient) is left stale; another is written on the host as by default. So is a tensor
+of one element: counters and step counts (a static cache's length, AdamW's `step`), which eager
+code reads to decide what to do next (Hugging Face's `generate` reads the cache's), cost bytes
+to bring home, not bandwidth.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import hashlib
+import os
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import ledger
+from .exc import DeviceError
+
+MESSAGE = (
+    "tpu_inductor: this tensor's current values are on the device, not in its host memory: "
+    "{what} under options={{'host_sync': 'explicit'}}. Call tpu_inductor.sync() before reading "
+    "or writing it from eager code (or compile the code that reads it), or compile with "
+    "host_sync='each_call'."
+)
+WRITTEN = "a compiled graph wrote it"
+GRADIENT = (
+    "it is a gradient a compiled backward returned (eager autograd adds the gradients of "
+    "several backward calls on the host: to accumulate gradients that way, compile with "
+    "host_sync='each_call')"
+)
+
+_SHIM = r"""
+#include <c10/core/StorageImpl.h>
+#include <string>
+extern "C" {
+void tpu_inductor_mark_stale(void* storage, const char* message) {
+  static_cast<c10::StorageImpl*>(storage)
+      ->release_data_and_set_meta_custom_data_ptr_error_msg_(std::string(message));
+}
+void tpu_inductor_clear_stale(void* storage) {
+  static_cast<c10::StorageImpl*>(storage)->clear_data_ptr_access_error_msg_();
+}
+}
+"""
+
+
+def leaves_stale(numel: int) -> bool:
+    """Whether a written tensor of `numel` elements is left stale (see the module's text)."""
+    return numel > 1
+
+
+@dataclasses.dataclass
+class _Pending:
+    """A stale storage: a weak reference to it, its host address (read before the mark), the
+    device array of its values, as a tensor of `shape` and `dtype`, and how to fetch it."""
+
+    storage: Any  # torch.multiprocessing.reductions.StorageWeakRef
+    address: int
+    array: Any
+    device_key: Any
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    to_torch: Callable[[Any], torch.Tensor]
+
+
+class HostSync:
+    """The stale host storages of this process, by their StorageImpl address."""
+
+    def __init__(self):
+        self.pending: dict[int, _Pending] = {}
+        self._live_after_prune = 0
+        self._marks: tuple[Callable, Callable] | None = None
+        self._lock = threading.Lock()
+
+    def available(self) -> str | None:
+        """None if storages can be marked here, else why not."""
+        try:
+            self._marker()
+        except DeviceError as e:
+            return str(e)
+        return None
+
+    def defer(self, tensor: torch.Tensor, array, device_key, to_torch, what: str = WRITTEN) -> bool:
+        """Leave `tensor`'s host memory stale, `array` its values on the device; False (nothing
+        done) when it does not cover its whole storage: its host copy is written instead.
+        `what` says in the error why it is stale (WRITTEN, GRADIENT)."""
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        entry = self.pending.get(key)
+        if entry is not None:
+            entry.array, entry.device_key = array, device_key
+            return True
+        if (
+            not leaves_stale(tensor.numel())
+            or tensor.storage_offset() != 0
+            or not tensor.is_contiguous()
+            or storage.nbytes() != tensor.numel() * tensor.element_size()
+        ):
+            return False
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        address = tensor.data_ptr()
+        mark, _ = self._marker()
+        mark(key, MESSAGE.format(what=what))
+        self.pending[key] = _Pending(
+            StorageWeakRef(storage),
+            address,
+            array,
+            device_key,
+            tuple(tensor.shape),
+            tensor.dtype,
+            to_torch,
+        )
+        if len(self.pending) > 2 * self._live_after_prune + 64:
+            self._prune()
+        return True
+
+    def address(self, tensor: torch.Tensor) -> int | None:
+        """`tensor.data_ptr()` of a tensor over a stale storage (which raises), else None."""
+        entry = self.pending.get(tensor.untyped_storage()._cdata)
+        if entry is None:
+            return None
+        return entry.address + tensor.storage_offset() * tensor.element_size()
+
+    def array(self, tensor: torch.Tensor, device_key) -> Any | None:
+        """The device array of a stale `tensor` (one that is its storage, as deferred) on the
+        device of `device_key`, else None."""
+        if not self.pending:
+            return None
+        entry = self.pending.get(tensor.untyped_storage()._cdata)
+        if (
+            entry is None
+            or entry.device_key != device_key
+            or tensor.storage_offset() != 0
+            or tuple(tensor.shape) != entry.shape
+            or tensor.dtype != entry.dtype
+            or not tensor.is_contiguous()
+        ):
+            return None
+        return entry.array
+
+    def is_stale(self, tensor: torch.Tensor) -> bool:
+        return bool(self.pending) and tensor.untyped_storage()._cdata in self.pending
+
+    def sync(self, tensors: Iterable[torch.Tensor] | None = None) -> int:
+        """Copy the device values of every stale storage (or those `tensors` view) into host
+        memory; returns the bytes copied. The tensors' versions are kept: their values did not
+        change, so the device copies stay current for every graph."""
+        with self._lock:
+            if tensors is None:
+                keys = list(self.pending)
+            else:
+                keys = [
+                    k for k in {t.untyped_storage()._cdata for t in tensors} if k in self.pending
+                ]
+            copied = 0
+            _, clear = self._marker() if keys else (None, None)
+            for key in keys:
+                entry = self.pending.pop(key)
+                storage = _alive(entry.storage)
+                if storage is None:
+                    continue
+                clear(key)
+                if getattr(entry.array, "is_deleted", lambda: False)():
+                    raise DeviceError(
+                        "tpu_inductor: a stale host tensor's device values were deleted (a "
+                        "graph that took them over failed): its host memory holds the values "
+                        "before that graph's last successful write."
+                    )
+                host = torch.empty(0, dtype=entry.dtype).set_(storage, 0, entry.shape)
+                host.copy_(entry.to_torch(entry.array))
+                copied += host.numel() * host.element_size()
+            if copied:
+                ledger.add([((ledger.DEVICE_TO_HOST, "synced"), copied)])
+            return copied
+
+    def _prune(self) -> None:
+        """Drop the entries of storages that died (their device arrays with them)."""
+        self.pending = {k: e for k, e in self.pending.items() if not e.storage.expired()}
+        self._live_after_prune = len(self.pending)
+
+    def _marker(self) -> tuple[Callable, Callable]:
+        """(mark(storage address, message), clear(storage address))."""
+        if self._marks is None:
+            self._marks = _torch_marks() or _shim_marks()
+        return self._marks
+
+
+def _alive(weak) -> torch.UntypedStorage | None:
+    if weak.expired():
+        return None
+    return torch.UntypedStorage._new_with_weak_ptr(weak.cdata)
+
+
+def _torch_marks() -> tuple[Callable, Callable] | None:
+    """torch's own binding of the mark (CUDA builds)."""
+    mark = getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
+    clear = getattr(torch._C, "_clear_storage_data_ptr_access_error_msg", None)
+    return (mark, clear) if mark and clear else None
+
+
+def _shim_marks() -> tuple[Callable, Callable]:
+    """The mark through `_SHIM`, compiled for this torch build on first use (about 1 s)."""
+    library = ctypes.CDLL(str(_built_shim()))
+    library.tpu_inductor_mark_stale.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    library.tpu_inductor_clear_stale.argtypes = [ctypes.c_void_p]
+
+    def mark(key: int, message: str) -> None:
+        library.tpu_inductor_mark_stale(key, message.encode())
+
+    return mark, library.tpu_inductor_clear_stale
+
+
+def _built_shim() -> Path:
+    """The shim's shared library for this torch (built once, kept in the user's cache)."""
+    import platformdirs
+
+    torch_dir = Path(torch.__file__).parent
+    abi = int(torch.compiled_with_cxx11_abi())
+    digest = hashlib.sha256(f"{_SHIM}{torch.__version__}{torch_dir}{abi}".encode()).hexdigest()
+    folder = Path(platformdirs.user_cache_dir("tpu_inductor")) / "host_sync"
+    library = folder / f"stale-{digest[:16]}.so"
+    if library.exists():
+        return library
+    folder.mkdir(parents=True, exist_ok=True)
+    compiler = os.environ.get("CXX", "c++")
+    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+        source, built = Path(scratch) / "stale.cpp", Path(scratch) / "stale.so"
+        source.write_text(_SHIM)
+        command = [
+            compiler,
+            "-O2",
+            "-shared",
+            "-fPIC",
+            "-std=c++17",
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            f"-I{torch_dir / 'include'}",
+            str(source),
+            f"-L{torch_dir / 'lib'}",
+            "-lc10",
+            f"-Wl,-rpath,{torch_dir / 'lib'}",
+            "-o",
+            str(built),
+        ]
+        try:
+            subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.SubprocessError) as e:
+            detail = getattr(e, "stderr", "") or e
+            raise DeviceError(
+                "tpu_inductor: host_sync='explicit' needs to mark host storages stale, which "
+                f"this torch build only allows from C++, and compiling that shim with {compiler!r} "
+                f"failed: {detail}. Install a C++ compiler (or set CXX), or use "
+                "host_sync='each_call'."
+            ) from e
+        os.replace(built, library)  # whole, even when two processes build it at once
+    return library
+
+
+host_sync = HostSync()
+
+
+def sync_objects(objects) -> int:
+    """`HostSync.sync` of every stale storage (no objects) or those of tensors, modules and
+    optimizers (tpu_inductor.sync)."""
+    if not objects:
+        return host_sync.sync()
+    tensors: list[torch.Tensor] = []
+    for item in objects:
+        if isinstance(item, torch.Tensor):
+            tensors.append(item)
+        elif isinstance(item, torch.nn.Module):
+            tensors += [*item.parameters(), *item.buffers()]
+            tensors += [p.grad for p in item.parameters() if p.grad is not None]
+        elif isinstance(item, torch.optim.Optimizer):
+            tensors += [
+                value
+                for state in item.state.values()
+                for value in state.values()
+                if isinstance(value, torch.Tensor)
+            ]
+            tensors += [p for group in item.param_groups for p in group["params"]]
+        else:
+            raise TypeError(
+                f"tpu_inductor.sync() takes tensors, modules and optimizers; got "
+                f"{type(item).__name__}: {item!r:.80}"
+            )
+    return host_sync.sync(tensors)
