@@ -276,3 +276,13 @@ def test_without_a_compiler_it_warns_and_brings_host_copies_up_to_date(tmp_path)
     )
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
     assert run.stderr.count("host_sync='explicit' needs to mark host storages stale") == 1
+
+
+def test_reduce_overhead_means_explicit_sync_unless_told(monkeypatch):
+    from tpu_inductor.config import Options
+
+    assert Options.from_user().host_sync == "each_call"
+    assert Options.from_user(None, "max-autotune").host_sync == "each_call"
+    assert Options.from_user(None, "reduce-overhead").host_sync == "explicit"
+    monkeypatch.setenv("TPU_INDUCTOR_HOST_SYNC", "each_call")
+    assert Options.from_user(None, "reduce-overhead").host_sync == "each_call"

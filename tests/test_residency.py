@@ -318,8 +318,10 @@ def test_the_static_cache_recipe_gives_eager_tokens_without_sending_the_cache(
     tmp_path, monkeypatch
 ):
     """Hugging Face's documented recipe: mode="reduce-overhead", fullgraph, static cache
-    (torch.compile takes a mode or options, not both: the options come from the environment)."""
+    (torch.compile takes a mode or options, not both: the options come from the environment),
+    with host copies current after each call (test_host_sync.py has the mode's own default)."""
     monkeypatch.setenv("TPU_INDUCTOR_DEVICE", "cpu-copy")
+    monkeypatch.setenv("TPU_INDUCTOR_HOST_SYNC", "each_call")
     monkeypatch.setenv("TPU_INDUCTOR_DUMP_DIR", str(tmp_path))
     model, inputs = hf_zoo.build("llama")
     prompt = inputs["input_ids"][:1]
@@ -421,3 +423,4 @@ def test_the_prepared_device_check_passes_on_the_copying_cpu(tmp_path):
     report = json.loads(out.read_text())
     assert report["device"].endswith("copied)") and report["losses_equal"]
     assert report["state_sent_bytes"] == 0 and report["steady_step_ledger"]["calls"] == 3
+    assert report["host_sync"] == "explicit" and report["state_fetched_bytes"] == 0

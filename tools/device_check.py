@@ -2,7 +2,7 @@
 device, against eager torch — correctness, the transfer ledger and the step time.
 
     .venv/bin/python tools/device_check.py [--device auto] [--model auto] [--steps 5] [--runs 7]
-        [--out F]
+        [--host-sync explicit] [--out F]
 
 `--model`: "gpt2" (tests/hf_zoo.py's GPT-2 at its LARGE size: needs transformers) or
 "quickstart" (examples/quickstart.py's pure-torch GPT, batch 8 × 128); "auto" takes GPT-2 where
@@ -13,7 +13,9 @@ CPU device that copies every crossing as an accelerator does). Each step: the co
 (`backend="tpu_inductor"`), `loss.backward()`, a compiled AdamW step. Checked against eager
 torch on the CPU: every step's loss (relative difference reported, and passed under
 `--rtol`). The steady-state ledger (`tpu_inductor.transfers()` of the last step) says what
-crossed by kind: parameters, optimizer state and saved activations must be 0 bytes sent. Timed,
+crossed by kind: parameters, optimizer state and saved activations must be 0 bytes sent, and
+under `--host-sync explicit` (the default) nothing but the loss, the outputs and one-element
+counters may come back (`state_fetched_bytes`: gradients and written state, 0). Timed,
 interleaved, median of `--runs`: ours, eager on the CPU, and where torch has CUDA, torch's own
 CUDA eager and Inductor. Prints one JSON object (also written to `--out`).
 """
@@ -97,6 +99,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--rtol", type=float, default=1e-4)
+    parser.add_argument("--host-sync", default="explicit", choices=["explicit", "each_call"])
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     ours = args.device
@@ -108,7 +111,7 @@ def main(argv=None) -> int:
     model, batch, loss_of = _workload(args.model)
     model.train()
     reference = copy.deepcopy(model)
-    options = {"backend": "tpu_inductor", "options": {"device": ours}}
+    options = {"backend": "tpu_inductor", "options": {"device": ours, "host_sync": args.host_sync}}
     steps = {
         "eager_cpu": _trainer(reference, batch, loss_of, None),
         "tpu_inductor": _trainer(model, batch, loss_of, options),
@@ -132,7 +135,9 @@ def main(argv=None) -> int:
             step()
             times[mode].append((time.perf_counter() - start) * 1e3)
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses["tpu_inductor"], losses["eager_cpu"]))
-    sent = ledger["host_to_device"]
+    sent, fetched = ledger["host_to_device"], ledger["device_to_host"]
+    counters = 4 * len(list(model.parameters()))  # AdamW's one-element step counts
+    tpu_inductor.sync()
     report = {
         "device": str(runtime.select_device(ours)),
         "model": args.model,
@@ -142,14 +147,18 @@ def main(argv=None) -> int:
         "loss_worst_relative_difference": worst,
         "losses_equal": worst <= args.rtol,
         "steady_step_ledger": ledger,
+        "host_sync": args.host_sync,
         "state_sent_bytes": sent["parameter"] + sent["saved"],
+        "state_fetched_bytes": fetched["mutation"] + fetched["saved"] - counters,
         "ms_per_step_median": {mode: statistics.median(v) for mode, v in times.items()},
     }
     text = json.dumps(report, indent=1)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
-    return 0 if report["losses_equal"] and report["state_sent_bytes"] == 0 else 1
+    state_home = report["state_fetched_bytes"] if args.host_sync == "explicit" else 0
+    ok = report["losses_equal"] and report["state_sent_bytes"] == 0 and state_home == 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -80,9 +80,11 @@ class FusionOptions:
 
 
 # torch.compile's modes, all accepted; on XLA they compile the same program. "reduce-overhead"
-# (CUDA graphs in Inductor: the least work per call) is what this backend always does: one PJRT
-# execution per graph, parameters and saved activations kept on the device. "max-autotune"
-# (Inductor's kernel search) is XLA's own autotuning, which its GPU compiler runs by default.
+# (CUDA graphs in Inductor: the least work per call) is one PJRT execution per graph, state kept
+# on the device and donated, as always, and host_sync="explicit" unless an option or its
+# environment variable says otherwise: like the outputs of Inductor's CUDA graphs, a host copy
+# a later call made stale raises when read. "max-autotune" (Inductor's kernel search) is XLA's
+# own autotuning, which its GPU compiler runs by default.
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -109,6 +111,7 @@ class Options:
     # gradients are brought up to date: after "each_call" (they cross the host link every
     # step), or on "explicit" `tpu_inductor.sync()`: they stay on the device, and eager code
     # that reads one before the sync gets an error that says so (tpu_inductor/host_sync.py).
+    # mode="reduce-overhead" makes "explicit" the default.
     host_sync: str = _knob("each_call", choices=("each_call", "explicit"))
     # Passes to skip, by name (for bisecting a miscompile).
     disable_passes: tuple[str, ...] = ()
@@ -138,7 +141,10 @@ class Options:
                 f"{', '.join(map(repr, MODES))} (tune with options={{...}} instead)."
             )
         given = options or {}
-        items = [(k, v, _Where((k,), env=True)) for k, v in _env_values(skip=given).items()]
+        from_env = _env_values(skip=given)
+        if mode == "reduce-overhead" and "host_sync" not in {*given, *from_env}:
+            from_env["host_sync"] = "explicit"
+        items = [(k, v, _Where((k,), env=True)) for k, v in from_env.items()]
         items += [(k, v, _Where((k,))) for k, v in given.items()]
         options = cls(**_check_fields(cls, items, _Where(())))
         if options.x64 == "narrow" and options.lowering == "torch-mlir":

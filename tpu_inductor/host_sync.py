@@ -46,7 +46,8 @@ MESSAGE = (
     "tpu_inductor: this tensor's current values are on the device, not in its host memory: "
     "{what} under options={{'host_sync': 'explicit'}}. Call tpu_inductor.sync() before reading "
     "or writing it from eager code (or compile the code that reads it), or compile with "
-    "host_sync='each_call'."
+    "options={{'host_sync': 'each_call'}} (mode='reduce-overhead' implies 'explicit'; "
+    "TPU_INDUCTOR_HOST_SYNC=each_call overrides it)."
 )
 WRITTEN = "a compiled graph wrote it"
 GRADIENT = (
