@@ -286,3 +286,60 @@ def test_reduce_overhead_means_explicit_sync_unless_told(monkeypatch):
     assert Options.from_user(None, "reduce-overhead").host_sync == "explicit"
     monkeypatch.setenv("TPU_INDUCTOR_HOST_SYNC", "each_call")
     assert Options.from_user(None, "reduce-overhead").host_sync == "each_call"
+
+
+@torch.library.custom_op("tpu_inductor_test::host_sync_scaled", mutates_args=())
+def _scaled(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """An op without a lowering rule: the split graph runs it in eager torch."""
+    return x * weight.sum()
+
+
+@_scaled.register_fake
+def _(x, weight):
+    return torch.empty_like(x)
+
+
+def _scaled_backward(ctx, grad):
+    x, weight = ctx.saved_tensors
+    return grad * weight.sum(), (grad * x).sum() * torch.ones_like(weight)
+
+
+_scaled.register_autograd(
+    _scaled_backward, setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs)
+)
+
+
+class _EagerOpModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return _scaled(self.linear(x), self.linear.weight)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_ops_of_a_split_graph_read_current_values(device):
+    """An op without a rule, run by eager torch inside the compiled graph, reads a weight a
+    compiled AdamW step left stale: the split graph brings it home first (counted as synced),
+    and the results equal eager's."""
+    torch.manual_seed(0)
+    model = _EagerOpModel()
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2, foreach=False)
+    forward, step = _compile(model, device), _compile(optimizer.step, device)
+    for i in range(3):
+        x = torch.randn(3, 6)
+        tpu_inductor.reset_transfers()
+        out = forward(x)
+        expected = reference(x)
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+        if i > 0:  # the weight the previous step wrote (not the bias: no eager op reads it)
+            assert tpu_inductor.transfers()["device_to_host"]["synced"] == 6 * 6 * 4
+        out.pow(2).mean().backward()
+        expected.pow(2).mean().backward()
+        step()
+        reference_optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        reference_optimizer.zero_grad(set_to_none=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from .host_sync import host_sync
+
 
 class EagerGraph:
     """The ATen graph with the calling convention of the executable it stands for (boxed;
@@ -15,6 +17,8 @@ class EagerGraph:
         self.gm, self.scalars = gm, scalars
 
     def __call__(self, args: list) -> list:
+        if host_sync.pending:  # eager torch reads host memory: stale copies brought home first
+            host_sync.sync([v for v in args if isinstance(v, torch.Tensor)])
         values = [int(v) if i in self.scalars else v for i, v in enumerate(args)]
         args.clear()
         return list(self.gm(*values))

@@ -152,8 +152,6 @@ class HostSync:
     def array(self, tensor: torch.Tensor, device_key) -> Any | None:
         """The device array of a stale `tensor` (one that is its storage, as deferred) on the
         device of `device_key`, else None."""
-        if not self.pending:
-            return None
         entry = self.pending.get(tensor.untyped_storage()._cdata)
         if (
             entry is None

@@ -20,6 +20,7 @@ import torch
 from . import lowering
 from .dispatch import is_concrete, placeholder_values
 from .exc import TpuInductorError, UnsupportedOpError
+from .host_sync import host_sync
 
 if TYPE_CHECKING:
     from .config import Options
@@ -231,16 +232,33 @@ def _lower_rest_with_torch_mlir(fused, options: Options, platform, observer, com
 
 
 def _boxed_outputs_list(gm: torch.fx.GraphModule) -> Callable[[list], list]:
-    """A partitioned graph with the compiled-graph convention: a list in, a list out."""
+    """A partitioned graph with the compiled-graph convention: a list in, a list out. The
+    inputs its eager ops read are brought up to date first where a compiled graph left their
+    host copy stale (host_sync="explicit"): eager torch reads host memory."""
     returns_tuple = _returns_tuple(gm)
+    placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
+    read_in_eager = tuple(
+        index
+        for index, node in enumerate(placeholders)
+        if any(_runs_in_eager(user) for user in node.users)
+    )
 
     def run(args: list) -> list:
+        if read_in_eager and host_sync.pending:
+            host_sync.sync([args[i] for i in read_in_eager if isinstance(args[i], torch.Tensor)])
         out = gm(*args)
         args.clear()
         return list(out) if returns_tuple else [out]
 
     run._boxed_call = True
     return run
+
+
+def _runs_in_eager(node: torch.fx.Node) -> bool:
+    """Whether a node of a split graph is an eager op (not a compiled region's call)."""
+    if node.op == "call_module":
+        return not str(node.target).startswith("fused_")
+    return node.op == "call_function"
 
 
 def _computes(nodes) -> bool:

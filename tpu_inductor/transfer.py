@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import mesh_placement, residency
+from .host_sync import host_sync
 
 _ALIGNMENT = 64  # bytes; XLA:CPU wants aligned buffers for zero-copy
 
@@ -52,8 +53,8 @@ class Transfer:
             if tensor.device_key == self.key and sharding is None:
                 return tensor.array
             tensor = tensor.host()
-        elif sharding is None:  # a host tensor whose values this device holds (host_sync)
-            stale = residency.host_sync.array(tensor, self.key)
+        elif host_sync.pending and sharding is None:  # values this device holds (host_sync)
+            stale = host_sync.array(tensor, self.key)
             if stale is not None:
                 return stale
         if tensor.requires_grad:  # (dlpack exports no tensor that requires grad)
