@@ -343,3 +343,32 @@ def test_eager_ops_of_a_split_graph_read_current_values(device):
         reference_optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         reference_optimizer.zero_grad(set_to_none=True)
+
+
+def test_a_graph_run_by_eager_torch_reads_current_values(monkeypatch):
+    """A graph PJRT could not compile runs in eager torch (fallback="eager"): the weights a
+    compiled step left stale are brought home before it reads them."""
+    from tpu_inductor import runtime
+    from tpu_inductor.exc import CompileError
+
+    torch.manual_seed(0)
+    model = nn.Linear(5, 3)
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    options = {"device": "cpu-copy", "host_sync": "explicit", "cache": False}
+    step = torch.compile(optimizer.step, backend="tpu_inductor", options=options)
+    x = torch.randn(4, 5)
+    model(x).sum().backward()
+    step()
+    with torch.no_grad():
+        reference.weight -= 0.5 * torch.ones(3, 1) * x.sum(0)
+        reference.bias -= 0.5 * 4
+    _raises_stale(lambda: model.weight.sum())
+
+    def fails(_module, _device):
+        raise CompileError("PJRT failed (a test)")
+
+    monkeypatch.setattr(runtime, "compile_stablehlo", fails)
+    forward = torch.compile(lambda t: model(t) * 2, backend="tpu_inductor", options=options)
+    torch.testing.assert_close(forward(x), reference(x) * 2)
+    torch.testing.assert_close(model.weight, reference.weight)  # home: no longer stale
