@@ -181,17 +181,18 @@ class HostSync:
             copied = 0
             _, clear = self._marker() if keys else (None, None)
             for key in keys:
-                entry = self.pending.pop(key)
+                entry = self.pending[key]
                 storage = _alive(entry.storage)
+                if storage is not None and entry.array.is_deleted():  # (it stays marked stale)
+                    raise DeviceError(
+                        "tpu_inductor: a stale host tensor's device values were deleted (a "
+                        "graph that took them over failed): they are lost, and its host memory "
+                        f"({entry.shape}, {entry.dtype}) stays unreadable. Load a checkpoint."
+                    )
+                del self.pending[key]
                 if storage is None:
                     continue
                 clear(key)
-                if getattr(entry.array, "is_deleted", lambda: False)():
-                    raise DeviceError(
-                        "tpu_inductor: a stale host tensor's device values were deleted (a "
-                        "graph that took them over failed): its host memory holds the values "
-                        "before that graph's last successful write."
-                    )
                 host = torch.empty(0, dtype=entry.dtype).set_(storage, 0, entry.shape)
                 host.copy_(entry.to_torch(entry.array))
                 copied += host.numel() * host.element_size()
