@@ -38,6 +38,15 @@ def _compile(fn, device: str):
     return torch.compile(fn, backend="tpu_inductor", dynamic=False, options=options)
 
 
+def _trained(model: nn.Module, device: str, lr: float) -> tuple:
+    """(eager copy of `model`, AdamW of each, the compiled forward, the compiled step)."""
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=lr, foreach=False)
+    forward, step = _compile(model, device), _compile(optimizer.step, device)
+    return reference, optimizer, reference_optimizer, forward, step
+
+
 def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -57,10 +66,7 @@ def test_a_training_step_moves_the_batch_and_the_loss(name, device):
     nothing (the sync keeps the tensors' versions: the device copies stay current)."""
     model, inputs = hf_zoo.build(name)
     model.train()
-    reference = copy.deepcopy(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
-    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3, foreach=False)
-    forward, step = _compile(model, device), _compile(optimizer.step, device)
+    reference, optimizer, reference_optimizer, forward, step = _trained(model, device, 1e-3)
     labels = inputs["input_ids"]
     parameters = list(model.parameters())
     for i in range(20):
@@ -115,10 +121,7 @@ def test_every_stale_tensor_raises_until_synced_then_reads_current(device):
     and leaves the optimizer stale; `sync(optimizer)` the rest; both equal eager."""
     torch.manual_seed(0)
     model = _norm_model()
-    reference = copy.deepcopy(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
-    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2, foreach=False)
-    forward, step = _compile(model, device), _compile(optimizer.step, device)
+    reference, optimizer, reference_optimizer, forward, step = _trained(model, device, 1e-2)
     for i in range(3):
         x = torch.randn(8, 16)
         forward(x).pow(2).mean().backward()
@@ -325,10 +328,7 @@ def test_eager_ops_of_a_split_graph_read_current_values(device):
     and the results equal eager's."""
     torch.manual_seed(0)
     model = _EagerOpModel()
-    reference = copy.deepcopy(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
-    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2, foreach=False)
-    forward, step = _compile(model, device), _compile(optimizer.step, device)
+    reference, optimizer, reference_optimizer, forward, step = _trained(model, device, 1e-2)
     for i in range(3):
         x = torch.randn(3, 6)
         tpu_inductor.reset_transfers()

@@ -639,9 +639,9 @@ class CompiledGraph:
             outs[r] = residency.DeviceTensor(
                 results[r], spec.shape, spec.dtype, to_torch, self._transfer.key
             )
+        on_cpu = self._transfer.on_cpu  # (the CPU's zero-copy tensor costs nothing)
         for r in self._stale_outputs:  # gradients under host_sync="explicit"
             spec = specs[r]
-            on_cpu = self._transfer.on_cpu  # (the CPU's zero-copy tensor costs nothing)
             outs[r] = to_torch(results[r]) if on_cpu else torch.empty(spec.shape, dtype=spec.dtype)
             host_sync.defer(outs[r], results[r], self._mirror_key, to_torch, GRADIENT)
         return outs
