@@ -117,15 +117,10 @@ def test_a_device_tensor_handed_to_a_donating_graph_keeps_its_array():
     assert torch.equal(kept.host(), torch.arange(4.0) + 1)  # written back, as any input
 
 
-class _Failing:
-    """An executable whose call takes its donated arguments, then fails (out of memory)."""
-
-    def __init__(self, executable):
-        self.executable = executable
-
-    def execute_sharded(self, arrays):
-        arrays[0].delete()
-        raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
+def _failing(arrays):
+    """An execution that takes its donated arguments, then fails (out of memory)."""
+    arrays[0].delete()
+    raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
 
 
 def test_a_failed_call_leaves_no_deleted_array_as_the_current_copy():
@@ -133,11 +128,11 @@ def test_a_failed_call_leaves_no_deleted_array_as_the_current_copy():
     x = torch.zeros(4)
     graph([x])
     assert residency.mirrors.get(x, graph._transfer.key) is not None  # the written copy
-    executable, graph.executable = graph.executable, _Failing(graph.executable)
+    run, graph._run = graph._run, _failing
     with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
         graph([x])
     assert residency.mirrors.get(x, graph._transfer.key) is None
-    graph.executable = executable
+    graph._run = run
     tpu_inductor.reset_transfers()
     (out,) = graph([x])  # the host tensor, unwritten by the failed call, is sent again
     assert torch.equal(x, torch.full((4,), 2.0)) and torch.equal(out, torch.full((4,), 4.0))

@@ -2,7 +2,7 @@
 under backend="eager" (Dynamo's guard and frame), Inductor and tpu_inductor, and ours broken
 into AOTAutograd's wrappers, our runtime's Python, the transfers and the PJRT execution.
 
-    .venv/bin/python tools/bench_per_call.py [--rounds 15] [--calls 2000]
+    .venv/bin/python tools/bench_per_call.py [--rounds 15] [--calls 2000] [--device auto]
 
 Every case is timed in one process, interleaved round by round; each figure is the median of
 the rounds (µs per call). The pieces are timed on their own, so they add up only roughly.
@@ -25,17 +25,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tpu_inductor import runtime  # noqa: E402
 
 
-def _compiled(backend: str):
+def _compiled(backend: str, device: str):
     torch._dynamo.reset()
-    options = {"options": {"cache": False}} if backend == "tpu_inductor" else {}
+    options = {"options": {"cache": False, "device": device}} if backend == "tpu_inductor" else {}
     return torch.compile(lambda x: x + 1, backend=backend, **options)
 
 
-def cases(x: torch.Tensor) -> dict:
+def cases(x: torch.Tensor, device: str = "auto") -> dict:
     """name -> a no-argument call, built once (compiles here, not while timing)."""
     timed = {}
     for backend in ("eager", "inductor", "tpu_inductor"):
-        compiled = _compiled(backend)
+        compiled = _compiled(backend, device)
         compiled(x)
         timed[f"whole call, backend={backend}"] = lambda c=compiled: c(x)
     graph = [o for o in gc.get_objects() if type(o) is runtime.CompiledGraph][-1]
@@ -43,8 +43,11 @@ def cases(x: torch.Tensor) -> dict:
     array = transfer.to_device(x)
     result = executable.execute([array])[0]
     timed["ours: runtime.CompiledGraph call"] = lambda: graph([x])
+    timed["  argument (torch -> numpy view)"] = lambda: transfer.argument(x)
     timed["  to_device (torch -> jax, dlpack)"] = lambda: transfer.to_device(x)
-    timed["  PJRT execute (+ result arrays)"] = lambda: executable.execute_sharded(
+    if graph._run.dispatch is not None:
+        timed["  execute, jax's C++ dispatch"] = lambda: graph._run.dispatch(array)
+    timed["  execute, Python (+ result arrays)"] = lambda: executable.execute_sharded(
         [array]
     ).disassemble_into_single_device_arrays()
     timed["  to_torch (jax -> torch, dlpack)"] = lambda: transfer.to_torch(result)
@@ -55,8 +58,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--device", default="auto", help="tpu_inductor's device option")
     args = parser.parse_args(argv)
-    timed = cases(torch.randn(8))
+    timed = cases(torch.randn(8), args.device)
     samples: dict[str, list[float]] = {name: [] for name in timed}
     for _ in range(args.rounds):
         for name, call in timed.items():
@@ -67,7 +71,8 @@ def main(argv=None) -> int:
                 call()
             samples[name].append((time.perf_counter() - start) / args.calls * 1e6)
     medians = {name: statistics.median(v) for name, v in samples.items()}
-    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; µs per call")
+    device = runtime.select_device(args.device)
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; {device}; µs per call")
     for name, value in medians.items():
         print(f"{name:45s} {value:8.2f}")
     ours, inductor = (

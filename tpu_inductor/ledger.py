@@ -34,9 +34,20 @@ KINDS = {
 
 CALLS = ("calls", "")  # the key that counts executions, besides the bytes
 _process: collections.Counter = collections.Counter()  # (direction, kind) → bytes
-# A graph's steady-state call, counted on the call path as one increment: its entries (a
-# tuple of ((direction, kind), bytes), CALLS included) → calls; summed into bytes when read.
-_calls: collections.Counter = collections.Counter()
+
+
+class CallCount:
+    """The steady-state calls of one graph, counted on the call path as one increment
+    (`count.calls += 1`), summed into bytes when read: `entries` is what one call moves, a
+    tuple of ((direction, kind), bytes), CALLS included."""
+
+    __slots__ = ("entries", "calls", "at_reset")
+
+    def __init__(self, entries: tuple):
+        self.entries, self.calls, self.at_reset = entries, 0, 0
+
+
+_counts: list[CallCount] = []  # every graph's, the dead ones' too (one per compiled graph)
 
 
 def add(
@@ -49,13 +60,15 @@ def add(
             ledger[key] += count
 
 
-def add_call(entries: tuple) -> None:
-    """One call of a graph whose steady state moves `entries` (CALLS among them)."""
-    _calls[entries] += 1
+def call_count(entries: tuple) -> CallCount:
+    """A graph's call counter, whose calls the process's ledger sums (each moving `entries`)."""
+    count = CallCount(entries)
+    _counts.append(count)
+    return count
 
 
 def summed(calls: collections.Counter, *others: collections.Counter) -> collections.Counter:
-    """(direction, kind) → bytes of `calls` (entries → calls, as `add_call` counts them), and
+    """(direction, kind) → bytes of `calls` (entries → calls, as `CallCount` has them), and
     of `others`."""
     total: collections.Counter = collections.Counter()
     for other in others:
@@ -77,11 +90,15 @@ def as_dict(ledger: collections.Counter) -> dict[str, dict[str, int]]:
 def transfers() -> dict:
     """The bytes this process moved (or, on the CPU, would have moved on an accelerator)
     between host and device, by direction and kind, and the executions counted."""
-    total = summed(_calls, _process)
+    calls: collections.Counter = collections.Counter()
+    for count in _counts:
+        calls[count.entries] += count.calls - count.at_reset
+    total = summed(calls, _process)
     return {**as_dict(total), "calls": total[CALLS]}
 
 
 def reset() -> None:
     """Start the process's ledger again from zero (a benchmark's steady state, a test)."""
     _process.clear()
-    _calls.clear()
+    for count in _counts:
+        count.at_reset = count.calls

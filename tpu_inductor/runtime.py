@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import distributed, ledger, mesh_placement, module_results, residency, transfer
+from . import distributed, execution, ledger, mesh_placement, module_results, residency, transfer
 from .exc import CompileError, DeviceError
 from .host_sync import GRADIENT, host_sync, leaves_stale
 
@@ -438,7 +438,16 @@ class CompiledGraph:
         )
         # Per module argument (the seed last), how it is split over a mesh; None: one device.
         self._shardings = mesh_placement.argument_shardings(device, lowered, executable)
-        self._result_shardings = mesh_placement.result_shardings(device, lowered, executable)
+        self._run = execution.Runner(executable, device, lowered)
+        # Per-call arguments jax's C++ dispatch may take as host arrays (it sends them itself):
+        # not one whose array becomes a mirror, nor a donated one.
+        self._host_slots = frozenset(
+            slot
+            for slot, position, _ in self._per_call
+            if self._run.dispatch is not None
+            and (slot, position) not in self._mirrored
+            and slot not in lowered.donated
+        )
         self._multiprocess = bool(device.mesh) and distributed.active()
         self._seed_agreed = not self._multiprocess  # one process: nothing to agree with
         self.per_call = collections.Counter()  # what one steady-state call moves
@@ -478,24 +487,23 @@ class CompiledGraph:
             spec = lowered.output_specs[r]
             kind = {"kept": "saved", "deferred": "mutation"}.get(kinds[r], kinds[r])
             self.per_call[ledger.DEVICE_TO_HOST, kind] += module_results.nbytes(spec, spec.dtype)
-        self._per_call_entries = (*self.per_call.items(), (ledger.CALLS, 1))
-        self._steady_calls = 0
+        self._calls = ledger.call_count((*self.per_call.items(), (ledger.CALLS, 1)))
         self._crossed = collections.Counter()  # what crossed besides, by (direction, kind)
 
     @property
     def ledger(self) -> collections.Counter:
         """Every call of this graph: bytes by (direction, kind), and the calls (ledger.CALLS)."""
-        calls = collections.Counter({self._per_call_entries: self._steady_calls})
+        calls = collections.Counter({self._calls.entries: self._calls.calls})
         return ledger.summed(calls, self._crossed)
 
     def output_partition_specs(self) -> dict[int, tuple]:
         """Over a mesh: graph output index → the partition spec (per dim, a mesh axis or None)
         of the outputs that stay on the devices, as the partitioner split them; a layout one
         axis per dim cannot say is left out. Empty on one device."""
-        if self._result_shardings is None:
+        if self._run.result_shardings is None:
             return {}
         kept = {
-            index: self._result_shardings[slot.result]
+            index: self._run.result_shardings[slot.result]
             for index, slot in enumerate(self.lowered.outputs)
             if slot.result in self._kept and not slot.view
         }
@@ -522,7 +530,10 @@ class CompiledGraph:
         to_device, shardings = self._transfer.to_device, self._shardings
         for slot, position, cast in self._per_call:
             value = args[position] if cast is None else args[position].to(cast)
-            arrays[slot] = to_device(value, shardings[slot])
+            if slot in self._host_slots:
+                arrays[slot] = self._transfer.argument(value)
+            else:
+                arrays[slot] = to_device(value, shardings[slot])
         if self._looked_up:
             self._looked_up_arguments(args, arrays)
         for slot, position in self._mirrored:
@@ -535,14 +546,14 @@ class CompiledGraph:
             arrays.insert(0, to_device(seed, shardings[-1]))
         if self._multiprocess:
             distributed.execution_started()
-        results = self._results(self._execute(arrays, args))
-        ledger.add_call(self._per_call_entries)
-        self._steady_calls += 1
+        results = self._execute(arrays, args)
+        self._calls.calls += 1
         outs = self._outputs(results)
         if self._multiprocess:
             distributed.execution_finished()
-        for r in self._published:
-            self._publish(outs[r], results[r], output=self._by_memory)
+        put = residency.mirrors.put_output if self._by_memory else residency.mirrors.put
+        for r in self._published:  # (on the CPU, an output reads its array's memory: to_torch)
+            put(outs[r], self._mirror_key, results[r])
         for position, result, part in self._write_backs:
             tensor = args[position]
             if result in self._deferred and host_sync.defer(
@@ -580,17 +591,18 @@ class CompiledGraph:
             outs[r] = outs[r] if cast is None else outs[r].to(cast)
         return outs[r]
 
-    def _execute(self, arrays: list, args: list):
-        """Run the executable. A donated argument's array is deleted by the call: one that is
-        another tensor's (a DeviceTensor's) is copied first; if the call fails, the mirrors of
-        the donated tensors are dropped (the host tensors, not yet written, are sent again)."""
+    def _execute(self, arrays: list, args: list) -> list:
+        """Run the executable; one jax array per module result. A donated argument's array is
+        deleted by the call: one that is another tensor's (a DeviceTensor's) is copied first;
+        if the call fails, the mirrors of the donated tensors are dropped (the host tensors,
+        not yet written, are sent again)."""
         if not self._donated:
-            return self.executable.execute_sharded(arrays)
+            return self._run(arrays)
         for slot, position in self._donated:
             if args[position].__class__ is residency.DeviceTensor:
                 arrays[slot] = arrays[slot].copy()
         try:
-            return self.executable.execute_sharded(arrays)
+            return self._run(arrays)
         except BaseException:
             for _, position in self._donated:
                 residency.mirrors.discard(args[position])
@@ -602,28 +614,12 @@ class CompiledGraph:
         that bypasses the version counter is seen there, as by every zero-copy argument)."""
         self._publish(tensor, self._transfer.to_device(tensor) if self._transfer.on_cpu else array)
 
-    def _publish(self, tensor: torch.Tensor, array, output: bool = False) -> None:
-        """`array` holds `tensor`'s values on the device: a mirror for every graph (found by
-        the tensor's memory too for an `output`). On the CPU only an array that reads the
-        tensor's own memory (a copy would miss writes that bypass the version counter)."""
+    def _publish(self, tensor: torch.Tensor, array) -> None:
+        """`array` holds `tensor`'s values on the device: a mirror for every graph. On the CPU
+        only an array that reads the tensor's own memory (a copy would miss writes that bypass
+        the version counter)."""
         if not self._transfer.on_cpu or self._transfer.aliases(array, tensor):
-            put = residency.mirrors.put_output if output else residency.mirrors.put
-            put(tensor, self._mirror_key, array)
-
-    def _results(self, executed) -> list:
-        """One jax array per module result: on one device, its array; over a mesh, device 0's
-        copy of a replicated result, else the result assembled from its shards."""
-        shards = executed.disassemble_into_single_device_arrays()
-        if self._result_shardings is None:
-            return [x[0] for x in shards]
-        import jax
-
-        return [
-            x[0]
-            if sharding.is_fully_replicated
-            else jax.make_array_from_single_device_arrays(spec.shape, sharding, x)
-            for x, sharding, spec in zip(shards, self._result_shardings, self.lowered.output_specs)
-        ]
+            residency.mirrors.put(tensor, self._mirror_key, array)
 
     def _outputs(self, results) -> list:
         """Module results as torch tensors; those kept on the device as DeviceTensors."""

@@ -14,6 +14,10 @@ from . import mesh_placement, residency
 from .host_sync import host_sync
 
 _ALIGNMENT = 64  # bytes; XLA:CPU wants aligned buffers for zero-copy
+# What `Transfer.argument` hands jax's C++ dispatch as numpy: jax takes these as they are.
+_NUMPY_DTYPES = frozenset(
+    (torch.float32, torch.float16, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+)
 
 
 class Transfer:
@@ -90,6 +94,22 @@ class Transfer:
         if self.copies_on_cpu:  # the device's own copy, as an accelerator's would be
             return jax.device_put(array, self.device, may_alias=False)
         return jax.device_put(array, sharding or self.device)
+
+    def argument(self, tensor: torch.Tensor):
+        """`to_device` for jax's C++ dispatch (cpp_dispatch.py): a plain contiguous host tensor
+        of a dtype numpy has, 32 bits or less, goes as a numpy view, which jax's C++ sends to
+        the device (zero-copy on the CPU) without a Python-level transfer; anything else as
+        `to_device` makes it. (A 64-bit numpy array would be narrowed by jax without x64.)"""
+        if (
+            tensor.__class__ is torch.Tensor
+            and tensor.dtype in _NUMPY_DTYPES
+            and not tensor.requires_grad
+            and not tensor.is_neg()  # (a lazy negation, which numpy would drop)
+            and not host_sync.pending
+            and tensor.is_contiguous()
+        ):
+            return tensor.numpy()
+        return self.to_device(tensor)
 
     def aliases(self, array, tensor: torch.Tensor) -> bool:
         """Whether a CPU `array` reads `tensor`'s memory (a zero-copy transfer), not a copy."""
