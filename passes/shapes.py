@@ -69,7 +69,6 @@ def concretize(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> torch.fx.Grap
     if not is_symbolic(gm):
         return gm
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
     copy = torch.fx.GraphModule(gm, deepcopy(gm.graph))  # nodes copied, their meta shallowly
     placeholders = [n for n in copy.graph.nodes if n.op == "placeholder"]
@@ -83,7 +82,7 @@ def concretize(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> torch.fx.Grap
             for v, stride in zip(inputs, strides)
         ]
     try:
-        FakeTensorProp(copy, mode).propagate_dont_convert_inputs(*fakes)
+        _propagate(copy, mode, fakes)
     except Exception as e:  # any op's meta kernel may refuse: say which sizes, and what to do
         shapes = [tuple(v.shape) if isinstance(v, torch.Tensor) else v for v in inputs]
         raise LoweringError(
@@ -91,6 +90,22 @@ def concretize(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> torch.fx.Grap
             "Compile with static shapes (torch.compile(..., dynamic=False)) or report the graph."
         ) from e
     return copy
+
+
+def _propagate(gm: torch.fx.GraphModule, mode, fakes: list) -> None:
+    """FakeTensorProp over `gm` that also records plain numbers (a value-only input, a size
+    read from a tensor) as their nodes' values: torch 2.11's keeps the traced SymInt there,
+    which a lowering then refuses as symbolic (torch 2.13's records them itself)."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    class NumbersToo(FakeTensorProp):
+        def run_node(self, n):
+            result = super().run_node(n)
+            if type(result) in (int, float, bool):
+                n.meta["val"] = result
+            return result
+
+    NumbersToo(gm, mode).propagate_dont_convert_inputs(*fakes)
 
 
 def _traced_strides(placeholders: list[torch.fx.Node], inputs: Sequence[Any]) -> list:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
 import subprocess
@@ -51,6 +52,67 @@ def test_backend_found_through_entry_point_without_import():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cpu-copy"])
+def test_64_bit_arguments_keep_their_dtype_without_jaxlibs_dlpack_entry_points(device, monkeypatch):
+    """A jax without the C dlpack entry points (the public import, then a device_put, which
+    narrow 64-bit arrays without x64: seen on jax 0.11) still sends int64 and float64 as they
+    are: the module, lowered at those dtypes, takes them."""
+    from tpu_inductor import transfer
+
+    original = transfer.Transfer.__init__
+
+    def without_entry_points(self, device):
+        original(self, device)
+        self._import = None
+
+    monkeypatch.setattr(transfer.Transfer, "__init__", without_entry_points)
+    table, ids = torch.randn(50, 4), torch.tensor([[3, 49], [0, 7]])
+    scale = torch.tensor([2.5], dtype=torch.float64)
+
+    def fn(table, ids, scale):
+        return table[ids] * scale.float(), ids + 2**40
+
+    f = torch.compile(fn, backend="tpu_inductor", options={"device": device, "cache": False})
+    for got, want in zip(f(table, ids, scale), fn(table, ids, scale)):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cpu-copy"])
+def test_one_device_calls_run_through_jaxs_cpp_dispatch_with_eagers_numbers(device):
+    """After its first call a graph runs without returning to Python for the execution (one
+    dispatch miss per graph: the fast path held), over every kind of argument: numpy views
+    (float32, int32, bool), tensors `to_device` sends (int64, bfloat16, a transposed view, a
+    lazy negation, one that requires grad)."""
+    from tpu_inductor import execution
+
+    def fn(a, b, mask, ids, h, t, n, w):
+        scaled = torch.where(mask, a * b.float(), -a)
+        return scaled[ids] + h.float().sum() + t.sum(0) + n + w
+
+    def arguments(seed: int) -> tuple:
+        g = torch.Generator().manual_seed(seed)
+        return (
+            torch.randn(6, 3, generator=g),
+            torch.randint(-9, 9, (6, 3), generator=g, dtype=torch.int32),
+            torch.rand(6, 3, generator=g) > 0.5,
+            torch.randint(0, 6, (3,), generator=g),
+            torch.randn(4, generator=g).bfloat16(),
+            torch.randn(3, 3, generator=g).t(),
+            torch.randn(3, generator=g)._neg_view(),
+            torch.randn(3, generator=g).requires_grad_(),
+        )
+
+    f = torch.compile(fn, backend="tpu_inductor", options={"device": device, "cache": False})
+    f(*arguments(0))
+    graph = [o for o in gc.get_objects() if type(o) is runtime.CompiledGraph][-1]
+    assert graph._run.dispatch is not None
+    execution.stats.clear()
+    for seed in range(1, 6):
+        torch.testing.assert_close(f(*arguments(seed)), fn(*arguments(seed)))
+    assert execution.stats["misses"] == 0
 
 
 def test_unknown_option_names_key_and_allowed():

@@ -281,6 +281,33 @@ def test_without_a_compiler_it_warns_and_brings_host_copies_up_to_date(tmp_path)
     assert run.stderr.count("host_sync='explicit' needs to mark host storages stale") == 1
 
 
+@pytest.mark.parametrize("clear", [0, 1], ids=["torch_2_13", "before_2_13"])
+def test_each_shim_marks_a_storage_and_clears_it_with_its_values(clear, tmp_path):
+    """Both clears of the C++ shim (torch 2.13's method; the private flag a torch 2.11 has)
+    build against this torch's header, and each leaves a marked storage raising on reads and
+    writes, then readable with its values after the clear."""
+    import ctypes
+
+    from tpu_inductor import host_sync
+
+    library = ctypes.CDLL(
+        str(host_sync._compiled(host_sync._MARK + host_sync._CLEARS[clear], tmp_path))
+    )
+    library.tpu_inductor_mark_stale.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    library.tpu_inductor_clear_stale.argtypes = [ctypes.c_void_p]
+    tensor = torch.arange(6.0)
+    key = tensor.untyped_storage()._cdata
+    library.tpu_inductor_mark_stale(key, b"stale here")
+    with pytest.raises(RuntimeError, match="stale here"):
+        tensor.sum()
+    with pytest.raises(RuntimeError, match="stale here"):
+        tensor.add_(1)
+    library.tpu_inductor_clear_stale(key)
+    torch.testing.assert_close(tensor, torch.arange(6.0))
+    tensor.add_(1)  # writable again
+    assert tensor.sum().item() == 21.0
+
+
 def test_reduce_overhead_means_explicit_sync_unless_told(monkeypatch):
     from tpu_inductor.config import Options
 

@@ -117,7 +117,7 @@ def main(argv=None) -> int:
         "tpu_inductor": _trainer(model, batch, loss_of, options),
     }
     if torch.cuda.is_available():
-        on_cuda = {k: v.cuda() for k, v in batch.items()}
+        on_cuda = {k: v.cuda() if torch.is_tensor(v) else v for k, v in batch.items()}
         for mode, compile_with in (("eager_cuda", None), ("inductor_cuda", {})):
             trainer = _trainer(copy.deepcopy(reference).cuda(), on_cuda, loss_of, compile_with)
             steps[mode] = _synchronized(trainer)

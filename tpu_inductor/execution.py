@@ -17,6 +17,7 @@ The object is jax-internal (jaxlib 0.10's signature): where this jax builds it d
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 from collections.abc import Callable
@@ -24,6 +25,9 @@ from collections.abc import Callable
 from . import mesh_placement
 
 log = logging.getLogger(__name__)
+# Calls the C++ dispatch handed back to Python ("misses"): one per executable where its fast
+# path holds, every call where this jax's fields did not fit (process-wide; tests, the bench).
+stats: collections.Counter = collections.Counter()
 
 
 class Runner:
@@ -72,6 +76,7 @@ def executable_call(executable, device, arguments: int) -> Callable[..., list] |
         def cache_miss(*args):
             import jax
 
+            stats["misses"] += 1
             arrays = [a if isinstance(a, jax.Array) else jax.device_put(a, sharding) for a in args]
             executed = executable.execute_sharded(arrays)
             results = [x[0] for x in executed.disassemble_into_single_device_arrays()]

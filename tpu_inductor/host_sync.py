@@ -56,19 +56,42 @@ GRADIENT = (
     "host_sync='each_call')"
 )
 
-_SHIM = r"""
+_MARK = r"""
 #include <c10/core/StorageImpl.h>
 #include <string>
-extern "C" {
-void tpu_inductor_mark_stale(void* storage, const char* message) {
+extern "C" void tpu_inductor_mark_stale(void* storage, const char* message) {
   static_cast<c10::StorageImpl*>(storage)
       ->release_data_and_set_meta_custom_data_ptr_error_msg_(std::string(message));
 }
-void tpu_inductor_clear_stale(void* storage) {
+"""
+# The clear, in the order tried: torch 2.13's own, then what it does for a torch without it
+# (2.11, 2.12), whose flag and refresh are private: reached through an explicit instantiation
+# of a template over their member pointers (the standard exempts it from access checks).
+_CLEARS = (
+    r"""
+extern "C" void tpu_inductor_clear_stale(void* storage) {
   static_cast<c10::StorageImpl*>(storage)->clear_data_ptr_access_error_msg_();
 }
+""",
+    r"""
+namespace {
+template <typename Tag, typename Tag::type Member>
+struct Reach {
+  friend typename Tag::type reach(Tag) { return Member; }
+};
+struct Flag { using type = bool c10::StorageImpl::*; friend type reach(Flag); };
+struct Refresh { using type = void (c10::StorageImpl::*)(); friend type reach(Refresh); };
+template struct Reach<Flag, &c10::StorageImpl::throw_on_immutable_data_ptr_>;
+template struct Reach<Refresh, &c10::StorageImpl::refresh_has_data_ptr_check>;
+}  // namespace
+extern "C" void tpu_inductor_clear_stale(void* storage) {
+  auto* impl = static_cast<c10::StorageImpl*>(storage);
+  impl->*reach(Flag{}) = false;
+  impl->get_extra_meta().custom_data_ptr_error_msg_ = std::nullopt;
+  (impl->*reach(Refresh{}))();
 }
-"""
+""",
+)
 
 
 def leaves_stale(numel: int) -> bool:
@@ -226,7 +249,7 @@ def _torch_marks() -> tuple[Callable, Callable] | None:
 
 
 def _shim_marks() -> tuple[Callable, Callable]:
-    """The mark through `_SHIM`, compiled for this torch build on first use (about 1 s)."""
+    """The mark through the C++ shim, compiled for this torch build on first use (about 1 s)."""
     library = ctypes.CDLL(str(_built_shim()))
     library.tpu_inductor_mark_stale.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
     library.tpu_inductor_clear_stale.argtypes = [ctypes.c_void_p]
@@ -238,46 +261,53 @@ def _shim_marks() -> tuple[Callable, Callable]:
 
 
 def _built_shim() -> Path:
-    """The shim's shared library for this torch (built once, kept in the user's cache)."""
+    """The shim's shared library for this torch: the first of `_CLEARS` that compiles against
+    its header (built once, kept in the user's cache)."""
     import platformdirs
 
+    folder = Path(platformdirs.user_cache_dir("tpu_inductor")) / "host_sync"
+    failures = []
+    for clear in _CLEARS:
+        try:
+            return _compiled(_MARK + clear, folder)
+        except (OSError, subprocess.SubprocessError) as e:
+            failures.append(str(getattr(e, "stderr", "") or e))
+    compiler = os.environ.get("CXX", "c++")
+    raise DeviceError(
+        "tpu_inductor: host_sync='explicit' needs to mark host storages stale, which this torch "
+        f"build only allows from C++, and compiling that shim with {compiler!r} failed: "
+        f"{failures[-1]}. Install a C++ compiler (or set CXX), or use host_sync='each_call'."
+    )
+
+
+def _compiled(source: str, folder: Path) -> Path:
+    """`source` built as a shared library against this torch, in `folder` (once)."""
     torch_dir = Path(torch.__file__).parent
     abi = int(torch.compiled_with_cxx11_abi())
-    digest = hashlib.sha256(f"{_SHIM}{torch.__version__}{torch_dir}{abi}".encode()).hexdigest()
-    folder = Path(platformdirs.user_cache_dir("tpu_inductor")) / "host_sync"
+    digest = hashlib.sha256(f"{source}{torch.__version__}{torch_dir}{abi}".encode()).hexdigest()
     library = folder / f"stale-{digest[:16]}.so"
     if library.exists():
         return library
     folder.mkdir(parents=True, exist_ok=True)
-    compiler = os.environ.get("CXX", "c++")
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
-        source, built = Path(scratch) / "stale.cpp", Path(scratch) / "stale.so"
-        source.write_text(_SHIM)
+        built = Path(scratch) / "stale.so"
+        (Path(scratch) / "stale.cpp").write_text(source)
         command = [
-            compiler,
+            os.environ.get("CXX", "c++"),
             "-O2",
             "-shared",
             "-fPIC",
             "-std=c++17",
             f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             f"-I{torch_dir / 'include'}",
-            str(source),
+            str(Path(scratch) / "stale.cpp"),
             f"-L{torch_dir / 'lib'}",
             "-lc10",
             f"-Wl,-rpath,{torch_dir / 'lib'}",
             "-o",
             str(built),
         ]
-        try:
-            subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
-        except (OSError, subprocess.SubprocessError) as e:
-            detail = getattr(e, "stderr", "") or e
-            raise DeviceError(
-                "tpu_inductor: host_sync='explicit' needs to mark host storages stale, which "
-                f"this torch build only allows from C++, and compiling that shim with {compiler!r} "
-                f"failed: {detail}. Install a C++ compiler (or set CXX), or use "
-                "host_sync='each_call'."
-            ) from e
+        subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
         os.replace(built, library)  # whole, even when two processes build it at once
     return library
 

@@ -83,20 +83,23 @@ class Transfer:
             tensor = tensor.clone()
         if self._import is not None:
             array = self._import(torch._C._to_dlpack(tensor), self.host, None, None)
-        else:
+        elif tensor.element_size() < 8:
             from jax._src.dlpack import from_dlpack
 
-            array = from_dlpack(tensor)
+            array = from_dlpack(tensor, device=self.host)
+        else:  # (the public import narrows a 64-bit tensor without x64)
+            from jax._src.dlpack import from_dlpack
+
+            with mesh_placement.exact_dtypes():
+                array = from_dlpack(tensor, device=self.host)
         if self.on_cpu:
             return array
-        import jax
-
         if self.copies_on_cpu:  # the device's own copy, as an accelerator's would be
-            return jax.device_put(array, self.device, may_alias=False)
-        return jax.device_put(array, sharding or self.device)
+            return _put(array, self.device, may_alias=False)
+        return _put(array, sharding or self.device)
 
     def argument(self, tensor: torch.Tensor):
-        """`to_device` for jax's C++ dispatch (cpp_dispatch.py): a plain contiguous host tensor
+        """`to_device` for jax's C++ dispatch (execution.py): a plain contiguous host tensor
         of a dtype numpy has, 32 bits or less, goes as a numpy view, which jax's C++ sends to
         the device (zero-copy on the CPU) without a Python-level transfer; anything else as
         `to_device` makes it. (A 64-bit numpy array would be narrowed by jax without x64.)"""
@@ -122,6 +125,17 @@ class Transfer:
         if self._import is not None:
             return self._torch_import(self._export(array))
         return torch.from_dlpack(array)
+
+
+def _put(array, target, **options):
+    """`jax.device_put`, a 64-bit array kept 64-bit: jax 0.11 narrows one without x64 (an
+    int64 token id to int32, which the module, lowered at int64, then refuses)."""
+    import jax
+
+    if array.dtype.itemsize < 8:
+        return jax.device_put(array, target, **options)
+    with mesh_placement.exact_dtypes():
+        return jax.device_put(array, target, **options)
 
 
 def _numpy_copy(tensor: torch.Tensor):
