@@ -255,6 +255,33 @@ def test_a_device_tensor_reads_as_its_values():
     assert kept.data_ptr() == 0  # no host memory to point at, never a stale address
 
 
+def test_the_mirrors_identity_map_keys_by_identity_and_forgets_dead_keys():
+    """Mirrors' map: equal tensors are other keys, a value replaced keeps one entry, a key
+    that dies drops its entry (a new tensor at its address finds nothing), pop and clear."""
+    import gc
+
+    from tpu_inductor.residency import WeakIdentityMap
+
+    table = WeakIdentityMap()
+    a, b = torch.zeros(3), torch.zeros(3)
+    table[a] = "a"
+    table[a] = "a2"
+    table[b] = "b"
+    assert (table.get(a), table.get(b), len(table)) == ("a2", "b", 2)
+    assert a in table and torch.zeros(3) not in table and table.get(torch.ones(1)) is None
+    del a
+    gc.collect()
+    assert len(table) == 1 and all(table.get(torch.zeros(3)) is None for _ in range(50))
+    assert table.pop(b) == "b" and table.pop(b, "gone") == "gone" and len(table) == 0
+    c = torch.ones(2)
+    table[c] = "c"
+    table.clear()
+    assert c not in table and len(table) == 0
+    del c
+    gc.collect()  # (its callback finds no entry to drop)
+    assert len(table) == 0
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_buffers_written_by_a_graph_are_current_and_not_sent_again(device):
     model = WritesBuffers()

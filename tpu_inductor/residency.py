@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from . import ledger
 from .host_sync import host_sync
@@ -110,6 +109,47 @@ class DeviceTensor(torch.Tensor):
 _SHARING = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
 
 
+class WeakIdentityMap:
+    """A dict keyed by objects' identity that drops an entry when its key dies: torch's
+    WeakIdKeyDictionary without its key object per lookup (a Python class: 4.7 µs of a
+    training step's ~300 mirror lookups each, against one dict lookup and a dereference)."""
+
+    def __init__(self):
+        self._entries: dict[int, tuple[weakref.ref, Any]] = {}
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        found = self._entries.get(id(key))
+        return found[1] if found is not None and found[0]() is key else default
+
+    def __contains__(self, key: Any) -> bool:
+        found = self._entries.get(id(key))
+        return found is not None and found[0]() is key
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        ident, entries = id(key), self._entries
+        found = entries.get(ident)
+        if found is not None and found[0]() is key:  # the key's reference, made once
+            entries[ident] = (found[0], value)
+            return
+
+        def drop(ref, ident=ident):  # (an entry a new object at the same address took stays)
+            if entries.get(ident, (None,))[0] is ref:
+                del entries[ident]
+
+        entries[ident] = (weakref.ref(key, drop), value)
+
+    def pop(self, key: Any, default: Any = None) -> Any:
+        if key not in self:
+            return default
+        return self._entries.pop(id(key))[1]
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 class Mirrors:
     """Device copies of host tensors, per device, keyed by the tensor (weakly: a tensor that
     dies drops its copy) and valid while the tensor's stamp holds.
@@ -120,7 +160,7 @@ class Mirrors:
     storage (a weak reference to it), never read for memory that was freed and reused."""
 
     def __init__(self):
-        self._copies = WeakIdKeyDictionary()
+        self._copies = WeakIdentityMap()
         self._by_memory: dict[tuple, tuple] = {}
         self._memory_devices: set = set()  # the device keys `_by_memory` holds copies on
 
