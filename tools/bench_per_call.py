@@ -1,6 +1,8 @@
 """Where one call of a 1-op compiled graph (`x + 1`, 8 floats) spends its time: the whole call
 under backend="eager" (Dynamo's guard and frame), Inductor and tpu_inductor, and ours broken
-into AOTAutograd's wrappers, our runtime's Python, the transfers and the PJRT execution.
+into AOTAutograd's wrappers, our runtime's Python, the transfers and the PJRT execution; and
+the floors: the transfers and the execution alone, as a Dynamo backend's whole graph, and
+under AOTAutograd too (what any jax-backed backend pays).
 
     .venv/bin/python tools/bench_per_call.py [--rounds 15] [--calls 2000] [--device auto]
 
@@ -51,6 +53,39 @@ def cases(x: torch.Tensor, device: str = "auto") -> dict:
         [array]
     ).disassemble_into_single_device_arrays()
     timed["  to_torch (jax -> torch, dlpack)"] = lambda: transfer.to_torch(result)
+    if graph._run.dispatch is not None:
+        timed.update(_floors(x, graph))
+    return timed
+
+
+def _floors(x: torch.Tensor, graph) -> dict:
+    """What the least a jax-backed call costs: the graph's transfer and dispatch with nothing
+    else (the argument, the C++ dispatch, the result's export), alone, as a Dynamo backend's
+    whole graph, and as AOTAutograd's compiled graph under Dynamo."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    argument, dispatch = graph._transfer.argument, graph._run.dispatch
+    to_torch = graph._transfer.to_torch
+
+    def body(t):
+        return (to_torch(dispatch(argument(t))[0]),)
+
+    def aot_compiler(gm, inputs):
+        def run(args):
+            return body(args[0])
+
+        run._boxed_call = True
+        return run
+
+    timed = {"floor: argument, dispatch, to_torch alone": lambda: body(x)}
+    for name, backend in (
+        ("floor: Dynamo + that, no AOTAutograd", lambda gm, inputs: lambda *a: body(a[0])),
+        ("floor: Dynamo + AOTAutograd + that", aot_autograd(fw_compiler=aot_compiler)),
+    ):
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda x: x + 1, backend=backend)
+        compiled(x)
+        timed[name] = lambda c=compiled: c(x)
     return timed
 
 
@@ -90,6 +125,14 @@ def main(argv=None) -> int:
     print(
         f"{'ours: AOTAutograd wrappers (whole - guard - runtime)':45s} {ours - guard - inner:8.2f}"
     )
+    floors = [name for name in medians if name.startswith("floor: ")]
+    if floors:
+        alone, dynamo, aot = (medians[name] for name in floors)
+        print(f"{'floor: AOTAutograd wrappers (aot - no aot)':45s} {aot - dynamo:8.2f}")
+        print(
+            f"{'floor: in-frame cost of alone (no aot - eager - alone)':45s} {dynamo - guard - alone:8.2f}"
+        )
+        print(f"{'ours over the AOTAutograd floor':45s} {ours - aot:8.2f}")
     return 0
 
 

@@ -105,6 +105,7 @@ class Transfer:
         `to_device` makes it. (A 64-bit numpy array would be narrowed by jax without x64.)"""
         if (
             tensor.__class__ is torch.Tensor
+            and tensor.is_cpu  # (a CUDA tensor has no numpy view: to_device's dlpack)
             and tensor.dtype in _NUMPY_DTYPES
             and not tensor.requires_grad
             and not tensor.is_neg()  # (a lazy negation, which numpy would drop)
