@@ -59,6 +59,29 @@ def test_symbolic_graph_is_lowered_at_each_size_not_the_first_traced():
             assert_same(got, want)
 
 
+def test_specializing_a_graph_makes_every_value_concrete_sizes_and_numbers_alike():
+    """passes.shapes.concretize gives each node its value at the inputs: a value-only input and
+    a size read from a tensor become ints (torch 2.11's FakeTensorProp left them symbolic, which
+    the lowering refused), tensors their sizes; the lowering's check then passes."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from tpu_inductor.lowering import stablehlo
+    from tpu_inductor.passes import shapes
+
+    def fn(x, n):
+        return x.reshape(-1)[:n] * x.shape[0]
+
+    gm = make_fx(fn, tracing_mode="symbolic")(torch.randn(4, 3), 5)
+    assert shapes.is_symbolic(gm)
+    specialized = shapes.concretize(gm, [torch.randn(6, 2), 7])
+    values = {n.name: n.meta.get("val") for n in specialized.graph.nodes}
+    assert values["n_1"] == 7 and type(values["n_1"]) is int
+    assert values["sym_size_int_1"] == 6 and type(values["sym_size_int_1"]) is int
+    assert tuple(values["x_1"].shape) == (6, 2) and tuple(values["mul_2"].shape) == (7,)
+    assert not shapes.is_symbolic(specialized)
+    stablehlo.require_concrete(specialized)
+    assert shapes.is_symbolic(gm)  # the traced graph is left as it was
+
+
 def test_size_arithmetic_of_symbolic_graphs_is_evaluated_not_left_to_eager():
     """torch.sym_sum (HF's dynamic RoPE sums sizes with it) is size arithmetic, not an op."""
 
