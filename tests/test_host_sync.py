@@ -290,9 +290,8 @@ def test_each_shim_marks_a_storage_and_clears_it_with_its_values(clear, tmp_path
 
     from tpu_inductor import host_sync
 
-    library = ctypes.CDLL(
-        str(host_sync._compiled(host_sync._MARK + host_sync._CLEARS[clear], tmp_path))
-    )
+    source = host_sync._MARK + host_sync._CLEARS[clear]
+    library = ctypes.CDLL(str(host_sync._compiled(source, host_sync._library(source, tmp_path))))
     library.tpu_inductor_mark_stale.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
     library.tpu_inductor_clear_stale.argtypes = [ctypes.c_void_p]
     tensor = torch.arange(6.0)
@@ -306,6 +305,31 @@ def test_each_shim_marks_a_storage_and_clears_it_with_its_values(clear, tmp_path
     torch.testing.assert_close(tensor, torch.arange(6.0))
     tensor.add_(1)  # writable again
     assert tensor.sum().item() == 21.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_arguments_go_as_numpy_views_beside_stale_state_and_stale_ones_as_device_values(device):
+    """With state left stale (a compiled step wrote it), a plain host argument still crosses as
+    a numpy view for jax's C++ dispatch; a stale tensor never does (its host memory raises):
+    it is the device array holding its current values."""
+    import numpy as np
+
+    from tpu_inductor import runtime, transfer
+    from tpu_inductor.host_sync import host_sync
+
+    model = nn.Linear(4, 4)
+    _compile(model, device)(torch.ones(2, 4)).sum().backward()
+    assert model.weight.grad is not None
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    _compile(optimizer.step, device)()
+    moves = transfer.Transfer(runtime.select_device(device))
+    assert moves.argument(torch.ones(3)).__class__ is np.ndarray
+    weight = model.weight.detach()  # (no grad to require: only its staleness sends it otherwise)
+    assert host_sync.is_stale(weight)
+    stale = moves.argument(weight)
+    assert stale.__class__ is not np.ndarray
+    tpu_inductor.sync()
+    torch.testing.assert_close(torch.from_numpy(np.asarray(stale)), model.weight.detach())
 
 
 def test_reduce_overhead_means_explicit_sync_unless_told(monkeypatch):

@@ -261,15 +261,21 @@ def _shim_marks() -> tuple[Callable, Callable]:
 
 
 def _built_shim() -> Path:
-    """The shim's shared library for this torch: the first of `_CLEARS` that compiles against
-    its header (built once, kept in the user's cache)."""
+    """The shim's shared library for this torch: one built before, else the first of `_CLEARS`
+    that compiles against its header (built once, kept in the user's cache; a clear this torch
+    lacks is not compiled again in every process)."""
     import platformdirs
 
     folder = Path(platformdirs.user_cache_dir("tpu_inductor")) / "host_sync"
+    sources = [_MARK + clear for clear in _CLEARS]
+    built = [_library(source, folder) for source in sources]
+    for library in built:
+        if library.exists():
+            return library
     failures = []
-    for clear in _CLEARS:
+    for source, library in zip(sources, built):
         try:
-            return _compiled(_MARK + clear, folder)
+            return _compiled(source, library)
         except (OSError, subprocess.SubprocessError) as e:
             failures.append(str(getattr(e, "stderr", "") or e))
     compiler = os.environ.get("CXX", "c++")
@@ -280,18 +286,23 @@ def _built_shim() -> Path:
     )
 
 
-def _compiled(source: str, folder: Path) -> Path:
-    """`source` built as a shared library against this torch, in `folder` (once)."""
-    torch_dir = Path(torch.__file__).parent
+def _library(source: str, folder: Path) -> Path:
+    """Where `source`, built for this torch, is kept in `folder`."""
     abi = int(torch.compiled_with_cxx11_abi())
-    digest = hashlib.sha256(f"{source}{torch.__version__}{torch_dir}{abi}".encode()).hexdigest()
-    library = folder / f"stale-{digest[:16]}.so"
+    key = f"{source}{torch.__version__}{Path(torch.__file__).parent}{abi}"
+    return folder / f"stale-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+
+
+def _compiled(source: str, library: Path) -> Path:
+    """`source` built as the shared library `library` against this torch (once)."""
     if library.exists():
         return library
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder) as scratch:
-        built = Path(scratch) / "stale.so"
-        (Path(scratch) / "stale.cpp").write_text(source)
+    torch_dir = Path(torch.__file__).parent
+    abi = int(torch.compiled_with_cxx11_abi())
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
+        built, code = Path(scratch) / "stale.so", Path(scratch) / "stale.cpp"
+        code.write_text(source)
         command = [
             os.environ.get("CXX", "c++"),
             "-O2",
@@ -300,7 +311,7 @@ def _compiled(source: str, folder: Path) -> Path:
             "-std=c++17",
             f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             f"-I{torch_dir / 'include'}",
-            str(Path(scratch) / "stale.cpp"),
+            str(code),
             f"-L{torch_dir / 'lib'}",
             "-lc10",
             f"-Wl,-rpath,{torch_dir / 'lib'}",

@@ -528,10 +528,11 @@ class CompiledGraph:
         else:
             arrays = list(self._resident.arguments)
         to_device, shardings = self._transfer.to_device, self._shardings
+        argument, host_slots = self._transfer.argument, self._host_slots
         for slot, position, cast in self._per_call:
             value = args[position] if cast is None else args[position].to(cast)
-            if slot in self._host_slots:
-                arrays[slot] = self._transfer.argument(value)
+            if slot in host_slots:
+                arrays[slot] = argument(value)
             else:
                 arrays[slot] = to_device(value, shardings[slot])
         if self._looked_up:

@@ -8,6 +8,8 @@ device copies every crossing, as an accelerator does.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from . import mesh_placement, residency
@@ -83,20 +85,19 @@ class Transfer:
             tensor = tensor.clone()
         if self._import is not None:
             array = self._import(torch._C._to_dlpack(tensor), self.host, None, None)
-        elif tensor.element_size() < 8:
+        else:
             from jax._src.dlpack import from_dlpack
 
-            array = from_dlpack(tensor, device=self.host)
-        else:  # (the public import narrows a 64-bit tensor without x64)
-            from jax._src.dlpack import from_dlpack
-
-            with mesh_placement.exact_dtypes():
+            with _keeping_width(tensor.element_size()):
                 array = from_dlpack(tensor, device=self.host)
         if self.on_cpu:
             return array
-        if self.copies_on_cpu:  # the device's own copy, as an accelerator's would be
-            return _put(array, self.device, may_alias=False)
-        return _put(array, sharding or self.device)
+        import jax
+
+        with _keeping_width(array.dtype.itemsize):
+            if self.copies_on_cpu:  # the device's own copy, as an accelerator's would be
+                return jax.device_put(array, self.device, may_alias=False)
+            return jax.device_put(array, sharding or self.device)
 
     def argument(self, tensor: torch.Tensor):
         """`to_device` for jax's C++ dispatch (execution.py): a plain contiguous host tensor
@@ -109,8 +110,8 @@ class Transfer:
             and tensor.dtype in _NUMPY_DTYPES
             and not tensor.requires_grad
             and not tensor.is_neg()  # (a lazy negation, which numpy would drop)
-            and not host_sync.pending
             and tensor.is_contiguous()
+            and not host_sync.is_stale(tensor)  # (its host memory is unreadable: the device's)
         ):
             return tensor.numpy()
         return self.to_device(tensor)
@@ -128,15 +129,11 @@ class Transfer:
         return torch.from_dlpack(array)
 
 
-def _put(array, target, **options):
-    """`jax.device_put`, a 64-bit array kept 64-bit: jax 0.11 narrows one without x64 (an
-    int64 token id to int32, which the module, lowered at int64, then refuses)."""
-    import jax
-
-    if array.dtype.itemsize < 8:
-        return jax.device_put(array, target, **options)
-    with mesh_placement.exact_dtypes():
-        return jax.device_put(array, target, **options)
+def _keeping_width(itemsize: int):
+    """A scope in which jax keeps 64-bit values 64-bit where they are (the public dlpack import
+    and `device_put` narrow them without x64: an int64 token id became int32, which the module,
+    lowered at int64, refused on jax 0.11); nothing for narrower ones."""
+    return mesh_placement.exact_dtypes() if itemsize >= 8 else contextlib.nullcontext()
 
 
 def _numpy_copy(tensor: torch.Tensor):
