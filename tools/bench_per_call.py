@@ -1,5 +1,6 @@
 """Where one call of a 1-op compiled graph (`x + 1`, 8 floats) spends its time: the whole call
-under backend="eager" (Dynamo's guard and frame), Inductor and tpu_inductor, and ours broken
+under a backend returning its input (Dynamo's guard and frame), backend="eager", Inductor and
+tpu_inductor, and ours broken
 into AOTAutograd's wrappers, our runtime's Python, the transfers and the PJRT execution; and
 the floors: the transfers and the execution alone, as a Dynamo backend's whole graph, and
 under AOTAutograd too (what any jax-backed backend pays), and after a Dynamo call that returns
@@ -36,7 +37,10 @@ def _compiled(backend: str, device: str):
 
 def cases(x: torch.Tensor, device: str = "auto") -> dict:
     """name -> a no-argument call, built once (compiles here, not while timing)."""
-    timed = {}
+    torch._dynamo.reset()  # Dynamo's guard and frame with nothing in them
+    returns_input = torch.compile(lambda x: x + 1, backend=lambda gm, inputs: lambda *a: (a[0],))
+    returns_input(x)
+    timed = {"whole call, a backend returning x": lambda: returns_input(x)}
     for backend in ("eager", "inductor", "tpu_inductor"):
         compiled = _compiled(backend, device)
         compiled(x)
@@ -55,11 +59,11 @@ def cases(x: torch.Tensor, device: str = "auto") -> dict:
     ).disassemble_into_single_device_arrays()
     timed["  to_torch (jax -> torch, dlpack)"] = lambda: transfer.to_torch(result)
     if graph._run.dispatch is not None:
-        timed.update(_floors(x, graph))
+        timed.update(_floors(x, graph, returns_input))
     return timed
 
 
-def _floors(x: torch.Tensor, graph) -> dict:
+def _floors(x: torch.Tensor, graph, returns_input) -> dict:
     """What the least a jax-backed call costs: the graph's transfer and dispatch with nothing
     else (the argument, the C++ dispatch, the result's export), alone, as a Dynamo backend's
     whole graph, and as AOTAutograd's compiled graph under Dynamo."""
@@ -87,14 +91,9 @@ def _floors(x: torch.Tensor, graph) -> dict:
         compiled = torch.compile(lambda x: x + 1, backend=backend)
         compiled(x)
         timed[name] = lambda c=compiled: c(x)
-    # The same work outside the frame: a Dynamo call that returns its input, then the body,
-    # one after the other. It costs what the body in the frame costs: the extra is the two
-    # working sets evicting each other from the core's caches, not Dynamo's frame or state.
-    torch._dynamo.reset()
-    returns_input = torch.compile(lambda x: x + 1, backend=lambda gm, inputs: lambda *a: (a[0],))
-    returns_input(x)
-    timed["floor: Dynamo returning x alone"] = lambda: returns_input(x)
-    timed["floor: that, then alone, in turn"] = lambda: (returns_input(x), body(x))
+    # The body after a Dynamo call, outside its frame: whether the excess over "alone" is the
+    # frame's or the core's caches (two working sets evicting each other).
+    timed["floor: Dynamo returning x, then alone"] = lambda: (returns_input(x), body(x))
     return timed
 
 
@@ -129,15 +128,16 @@ def main(argv=None) -> int:
     inner = medians["ours: runtime.CompiledGraph call"]
     print(f"{'ours / Inductor':45s} {ours / inductor:8.2f}x")
     print(f"{'C++ dispatch misses while timing (0: fast path)':45s} {execution.stats['misses']:8d}")
-    floors = [name for name in medians if name.startswith("floor: ")]
-    if not floors:  # (a mesh: no C++ dispatch, no floors)
-        guard = medians["whole call, backend=eager"]
-        print(f"{'ours: guard and frame (backend=eager)':45s} {guard:8.2f}")
+    guard = medians["whole call, a backend returning x"]
+    print(f"{'ours: guard and frame (a backend returning x)':45s} {guard:8.2f}")
+    if "floor: argument, dispatch, to_torch alone" not in medians:  # (no C++ dispatch: a mesh)
         print(f"{'ours: the rest beyond our runtime alone':45s} {ours - guard - inner:8.2f}")
         return 0
-    alone, dynamo, aot, guard, in_turn = (medians[name] for name in floors)
+    alone = medians["floor: argument, dispatch, to_torch alone"]
+    dynamo = medians["floor: Dynamo + that, no AOTAutograd"]
+    aot = medians["floor: Dynamo + AOTAutograd + that"]
+    in_turn = medians["floor: Dynamo returning x, then alone"]
     wrappers = aot - dynamo
-    print(f"{'ours: guard and frame (Dynamo returning x)':45s} {guard:8.2f}")
     print(f"{'ours: AOTAutograd wrappers (floor: aot - no aot)':45s} {wrappers:8.2f}")
     print(f"{'ours: our runtime measured alone':45s} {inner:8.2f}")
     print(f"{'ours: the rest (working sets evicting)':45s} {ours - guard - wrappers - inner:8.2f}")
