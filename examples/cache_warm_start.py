@@ -24,7 +24,8 @@ import tempfile
 _CHILD = """
 import json, sys, time
 import torch
-from tpu_inductor import bench_models, debug
+from tpu_inductor.bench import models as bench_models
+from tpu_inductor.debug import records as debug
 model, inputs = bench_models.build(bench_models.resolve({model!r}))
 compiled = torch.compile(model, backend="tpu_inductor", options={{"cache_dir": {cache_dir!r}}})
 

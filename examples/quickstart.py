@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args()
 
-    from tpu_inductor import runtime
+    from tpu_inductor.runtime import compiled_graph as runtime
 
     model, idx = make_model_and_inputs(args.batch, args.seq)
     compiled = torch.compile(model, backend="tpu_inductor")

@@ -17,7 +17,8 @@ import torch
 import transformers
 
 import tpu_inductor
-from tpu_inductor import report, sharding_plans
+from tpu_inductor.debug import report
+from tpu_inductor.sharding import plans as sharding_plans
 
 config = transformers.LlamaConfig(
     vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

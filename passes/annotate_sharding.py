@@ -31,9 +31,9 @@ import operator
 
 import torch
 
-import tpu_inductor.expert_op  # noqa: F401  (registers the expert_mm ops)
-from tpu_inductor.sharding import Mesh, Placement, Spec, check_spec, common_mesh
-from tpu_inductor.sharding_op import decode, encode_spec, is_constraint
+import tpu_inductor.ops.expert  # noqa: F401  (registers the expert_mm ops)
+from tpu_inductor.ops.shard_as import decode, encode_spec, is_constraint
+from tpu_inductor.sharding.mesh import Mesh, Placement, Spec, check_spec, common_mesh
 
 from .context import PassContext
 

@@ -38,7 +38,7 @@ import operator
 import torch
 from torch.fx.operator_schemas import normalize_function
 
-from tpu_inductor.attention_op import ops as ours
+from tpu_inductor.ops.attention import ops as ours
 
 from . import fuse_causal
 from .context import PassContext

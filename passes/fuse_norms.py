@@ -62,7 +62,7 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
         return gm
     from torch._inductor.pattern_matcher import stable_topological_sort
 
-    from tpu_inductor.norm_op import ops as ours
+    from tpu_inductor.ops.norm import ops as ours
 
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     for node in list(gm.graph.nodes):

@@ -73,7 +73,7 @@ def _seeded_torch(request):
 @pytest.fixture
 def compiled_graphs(monkeypatch) -> list:
     """Every runtime.CompiledGraph made during the test, in order."""
-    from tpu_inductor import runtime
+    from tpu_inductor.runtime import compiled_graph as runtime
 
     made = []
     init = runtime.CompiledGraph.__init__

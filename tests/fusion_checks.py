@@ -9,8 +9,8 @@ import pytest
 import torch
 from tpu_inductor.passes import pipeline
 
-from tpu_inductor import report
 from tpu_inductor.config import Options
+from tpu_inductor.debug import report
 from tpu_inductor.exc import OptionError
 
 from . import hf_zoo

@@ -23,7 +23,8 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 import torch  # noqa: E402
 
 import tpu_inductor  # noqa: E402
-from tpu_inductor import distributed, sharding_plans  # noqa: E402
+from tpu_inductor.sharding import distributed
+from tpu_inductor.sharding import plans as sharding_plans  # noqa: E402
 
 
 def main(argv=None) -> int:

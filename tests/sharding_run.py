@@ -30,7 +30,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 import torch  # noqa: E402
 
 import tpu_inductor  # noqa: E402
-from tpu_inductor import report, sharding_plans  # noqa: E402
+from tpu_inductor.debug import report
+from tpu_inductor.sharding import plans as sharding_plans  # noqa: E402
 
 from . import hf_zoo  # noqa: E402
 

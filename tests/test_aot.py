@@ -18,8 +18,10 @@ from hypothesis import strategies as st
 from torch.utils._pytree import tree_flatten
 from tpu_inductor.passes import pipeline
 
-from tpu_inductor import aot, cli, runtime
+from tpu_inductor import cli
+from tpu_inductor.aot import artifact as aot
 from tpu_inductor.exc import ArtifactError, InputMismatchError, OptionError
+from tpu_inductor.runtime import compiled_graph as runtime
 
 from .helpers import assert_same
 from .strategies import PROPERTY, seeds
@@ -430,7 +432,7 @@ def test_an_executable_pjrt_cannot_serialize_is_left_out_and_loading_compiles_it
         raise RuntimeError("UNIMPLEMENTED: `LessThan` is not serializable.")
 
     monkeypatch.setattr(runtime, "serialize_executable", refuse)
-    with caplog.at_level(logging.WARNING, logger="tpu_inductor.aot"):
+    with caplog.at_level(logging.WARNING, logger="tpu_inductor.aot.artifact"):
         aot.compile_model(_Sorted(), [aot.parse_input("x:float32[2,3]")], tmp_path)
     assert "the executable is not stored" in caplog.text and "LessThan" in caplog.text
     assert not list(tmp_path.rglob("executable.bin"))

@@ -23,8 +23,8 @@ from tpu_inductor.lowering.ops import attention_kernels
 from tests import hf_zoo
 from tests.helpers import assert_same
 from tools.bench_attention_kernels import decode_temporaries
-from tpu_inductor import aot
-from tpu_inductor.attention_op import ops
+from tpu_inductor.aot import artifact as aot
+from tpu_inductor.ops.attention import ops
 
 SCALE = 0.3
 

@@ -18,7 +18,9 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from tpu_inductor import cache, debug, decompositions
+from tpu_inductor import decompositions
+from tpu_inductor.cache import stores as cache
+from tpu_inductor.debug import records as debug
 
 from .helpers import assert_same, grads_of
 from .test_backend import _uses_unsupported_op

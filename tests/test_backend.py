@@ -15,8 +15,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tpu_inductor import cache, debug, ledger, runtime, transfer
+from tpu_inductor.cache import stores as cache
 from tpu_inductor.config import Options
+from tpu_inductor.debug import records as debug
 from tpu_inductor.exc import (
     DeviceError,
     LoweringError,
@@ -24,6 +25,8 @@ from tpu_inductor.exc import (
     RegistrationError,
     UnsupportedOpError,
 )
+from tpu_inductor.runtime import compiled_graph as runtime
+from tpu_inductor.runtime import ledger, transfer
 
 from .helpers import assert_same, backend_error, grads_of
 
@@ -59,7 +62,7 @@ def test_64_bit_arguments_keep_their_dtype_without_jaxlibs_dlpack_entry_points(d
     """A jax without the C dlpack entry points (the public import, then a device_put, which
     narrow 64-bit arrays without x64: seen on jax 0.11) still sends int64 and float64 as they
     are: the module, lowered at those dtypes, takes them."""
-    from tpu_inductor import transfer
+    from tpu_inductor.runtime import transfer
 
     original = transfer.Transfer.__init__
 
@@ -86,7 +89,7 @@ def test_one_device_calls_run_through_jaxs_cpp_dispatch_with_eagers_numbers(devi
     dispatch miss per graph: the fast path held), over every kind of argument: numpy views
     (float32, int32, bool), tensors `to_device` sends (int64, bfloat16, a transposed view, a
     lazy negation, one that requires grad)."""
-    from tpu_inductor import execution
+    from tpu_inductor.runtime import execution
 
     def fn(a, b, mask, ids, h, t, n, w):
         scaled = torch.where(mask, a * b.float(), -a)

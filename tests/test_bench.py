@@ -14,8 +14,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tpu_inductor import bench, bench_models, cli, runtime
+from tpu_inductor import cli
+from tpu_inductor.bench import harness as bench
+from tpu_inductor.bench import models as bench_models
 from tpu_inductor.exc import BenchError
+from tpu_inductor.runtime import compiled_graph as runtime
 
 _MLP_FLOPS = 2 * 64 * (512 * 2048 + 2048 * 2048 + 2048 * 512)  # the three matmuls of `mlp`
 

@@ -12,8 +12,13 @@ import torch
 from tpu_inductor.passes.bucket_policy import BucketPlan, BucketPolicy
 
 import tpu_inductor
-from tpu_inductor import aot, aot_buckets, bucketing, cache, cli, runtime
+from tpu_inductor import cli
+from tpu_inductor.aot import artifact as aot
+from tpu_inductor.aot import buckets as aot_buckets
+from tpu_inductor.cache import stores as cache
 from tpu_inductor.exc import OptionError
+from tpu_inductor.runtime import buckets as bucketing
+from tpu_inductor.runtime import compiled_graph as runtime
 
 from .helpers import assert_same
 

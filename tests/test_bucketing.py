@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from tpu_inductor import bucketing, runtime
 from tpu_inductor.exc import OptionError
+from tpu_inductor.runtime import buckets as bucketing
+from tpu_inductor.runtime import compiled_graph as runtime
 
 from .helpers import assert_same, grads_of
 from .strategies import PROPERTY
@@ -276,7 +277,7 @@ def test_the_auto_plan_is_chosen_from_the_sizes_seen_and_carries_over(tmp_path):
 
 
 def test_compile_json_explain_and_the_recompile_reason_show_buckets(tmp_path):
-    from tpu_inductor import report
+    from tpu_inductor.debug import report
 
     def f(x):
         return x.softmax(1).sum(1)

@@ -18,7 +18,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tpu_inductor import bucketing
+from tpu_inductor.runtime import buckets as bucketing
 
 from . import hf_zoo
 from .helpers import assert_same, grads_of

@@ -14,8 +14,10 @@ import time
 import pytest
 import torch
 
-from tpu_inductor import cache, cli, debug
+from tpu_inductor import cli
+from tpu_inductor.cache import stores as cache
 from tpu_inductor.config import NOT_IN_CACHE_KEY, Options
+from tpu_inductor.debug import records as debug
 from tpu_inductor.exc import CacheError
 
 from .helpers import assert_same, compile_aten
@@ -163,7 +165,7 @@ def test_damaged_entries_are_a_warning_and_a_recompile_never_a_crash(pristine, t
                 (tmp_path / digest / name).write_bytes(data)
         faults = cache.counters["disk_fault"]
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="tpu_inductor.cache"):
+        with caplog.at_level(logging.WARNING, logger="tpu_inductor.cache.stores"):
             assert disk.load(key, decode) is None, description
         assert cache.counters["disk_fault"] == faults + 1, description
         assert "is unusable" in caplog.text, description
@@ -211,7 +213,8 @@ def test_explain_of_an_entry_with_a_malformed_key_is_a_cache_error(pristine, tmp
 
 
 def _codec():
-    from tpu_inductor import runtime, serialize
+    from tpu_inductor.cache import serialize
+    from tpu_inductor.runtime import compiled_graph as runtime
 
     return serialize.disk_codec(runtime.select_device("auto"))
 
@@ -318,7 +321,8 @@ _WORKER = textwrap.dedent(
     """
     import sys, torch
     from tests.helpers import compile_aten
-    from tpu_inductor import cache, debug
+    from tpu_inductor.cache import stores as cache
+    from tpu_inductor.debug import records as debug
     cache._source_digest = lambda: "pinned"  # a source edit mid-test must not split the key
     torch.manual_seed(0)
     x, y = torch.randn(16, 16), torch.randn(16, 16)
@@ -381,7 +385,7 @@ def test_cli_stats_ls_explain_clear(tmp_path, capsys):
 _LAPACK_CHILD = textwrap.dedent(
     """
     import json, sys, torch
-    from tpu_inductor import cache
+    from tpu_inductor.cache import stores as cache
     a = torch.randn(5, 5, generator=torch.Generator().manual_seed(0))
     spd = a @ a.mT + 5 * torch.eye(5)
     f = torch.compile(torch.linalg.cholesky, backend="tpu_inductor",

@@ -12,7 +12,8 @@ import textwrap
 import pytest
 import torch
 
-from tpu_inductor import aot, cli
+from tpu_inductor import cli
+from tpu_inductor.aot import artifact as aot
 from tpu_inductor.config import Options
 from tpu_inductor.exc import OptionError
 
@@ -115,7 +116,7 @@ def _run_unprivileged(code: str, *args) -> subprocess.CompletedProcess:
 _COMPILE_IN_EACH = """
     import os, sys, torch
     from tests.helpers import compile_aten
-    from tpu_inductor import cache
+    from tpu_inductor.cache import stores as cache
     if os.access(sys.argv[1], os.R_OK):
         sys.exit(print("SKIP"))
     fn = lambda x, y: (x @ y).relu() + 1
@@ -152,7 +153,7 @@ def test_unreadable_artifact_file_is_an_artifact_error(artifact, tmp_path):
     proc = _run_unprivileged(
         """
         import os, sys
-        from tpu_inductor import aot
+        from tpu_inductor.aot import artifact as aot
         from tpu_inductor.exc import ArtifactError
         if os.access(sys.argv[1] + "/weights.safetensors", os.R_OK):
             sys.exit(print("SKIP"))
@@ -181,7 +182,7 @@ def test_a_reader_that_leaves_stops_the_command_quietly(argv):
 
 
 def test_a_path_that_exists_already_is_a_user_error(monkeypatch, capsys):
-    from tpu_inductor import report
+    from tpu_inductor.debug import report
 
     def run(_args):
         raise FileExistsError(17, "File exists", "/some/where")

@@ -15,7 +15,10 @@ import torch
 from torch import nn
 from tpu_inductor.passes import pipeline
 
-from tpu_inductor import cache, cli, debug, report
+from tpu_inductor import cli
+from tpu_inductor.cache import stores as cache
+from tpu_inductor.debug import records as debug
+from tpu_inductor.debug import report
 from tpu_inductor.exc import SymbolicSizeError
 
 from .helpers import assert_same

@@ -15,7 +15,9 @@ import pytest
 import torch
 
 import tpu_inductor
-from tpu_inductor import cache, debug, lowering
+from tpu_inductor import lowering
+from tpu_inductor.cache import stores as cache
+from tpu_inductor.debug import records as debug
 from tpu_inductor.exc import RegistrationError, UnsupportedOpError
 
 from .helpers import assert_same
@@ -143,7 +145,7 @@ def test_an_op_defined_after_its_rule_is_found_by_name():
 
 def test_user_rules_are_in_the_cache_key():
     """A rule registered (or edited: its source is hashed) is another key."""
-    device = tpu_inductor.runtime.select_device()
+    device = tpu_inductor.runtime.compiled_graph.select_device()
     before = dict(cache.environment_entries(device))["user_rules"]
     assert before == lowering.user_rules_fingerprint() != ""
 

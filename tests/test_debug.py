@@ -18,8 +18,12 @@ import torch
 from tpu_inductor.lowering import torch_mlir
 
 from tests.helpers import assert_same, check_against_eager, compile_aten
-from tpu_inductor import cache, cli, config, debug, report, runtime
+from tpu_inductor import cli, config
+from tpu_inductor.cache import stores as cache
+from tpu_inductor.debug import records as debug
+from tpu_inductor.debug import report
 from tpu_inductor.exc import CompileError, OptionError
+from tpu_inductor.runtime import compiled_graph as runtime
 
 SIZES = (2, 5, 7)  # static, then automatic dynamic (a symbolic graph), then a specialization
 
@@ -47,7 +51,7 @@ def run_dump(tmp_path_factory):
         # the per-size records and explanations of the exact policy are what is checked
         options={"dump_dir": str(dump), "cache": False, "shapes": {"policy": "exact"}},
     )
-    handler, logger = _Capture(), logging.getLogger("tpu_inductor.debug")
+    handler, logger = _Capture(), logging.getLogger("tpu_inductor.debug.records")
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
@@ -200,7 +204,7 @@ def test_recompile_is_explained_against_the_closest_earlier_compile(caplog):
 
     torch._dynamo.reset()
     x = torch.randn(4)
-    with caplog.at_level(logging.INFO, logger="tpu_inductor.debug"):
+    with caplog.at_level(logging.INFO, logger="tpu_inductor.debug.records"):
         keep = torch.compile(fn, backend="tpu_inductor", options={"cache": False})
         keep(x)
         keep(x.double())  # the latest compile: float64 input
@@ -223,7 +227,7 @@ def test_identical_graph_from_a_static_recompile_says_mark_dynamic(tmp_path, cap
         dynamic=False,
         options={"dump_dir": str(tmp_path), "cache": False},
     )
-    with caplog.at_level(logging.INFO, logger="tpu_inductor.debug"):
+    with caplog.at_level(logging.INFO, logger="tpu_inductor.debug.records"):
         for n in (4, 6):
             x = torch.randn(n, 3)
             assert_same(fn(x), x * 2 + 1)
@@ -386,7 +390,7 @@ def test_explain_and_report_skip_a_damaged_compile_json_and_name_it(
         (tmp_path / folder / "compile.json").write_text(content)
     for command in ("explain", "report"):
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="tpu_inductor.report"):
+        with caplog.at_level(logging.WARNING, logger="tpu_inductor.debug.report"):
             assert cli.main([command, str(tmp_path)]) == 0
         for folder in damaged:
             assert f"skipping {tmp_path / folder / 'compile.json'}, which is damaged" in caplog.text
@@ -603,7 +607,7 @@ def test_torch_set_logs_knows_our_log_names():
     torch._logging.set_logs(modules={"tpu_inductor_lowering": logging.DEBUG})
     try:
         assert logging.getLogger("tpu_inductor.lowering").level == logging.DEBUG
-        assert logging.getLogger("tpu_inductor.cache").getEffectiveLevel() > logging.DEBUG
+        assert logging.getLogger("tpu_inductor.cache.stores").getEffectiveLevel() > logging.DEBUG
     finally:
         torch._logging.set_logs()
     assert logging.getLogger("tpu_inductor.lowering").level == logging.NOTSET

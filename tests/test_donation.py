@@ -18,7 +18,9 @@ import torch
 
 import tpu_inductor
 from tests.helpers import WritesBuffers
-from tpu_inductor import debug, residency, runtime
+from tpu_inductor.debug import records as debug
+from tpu_inductor.runtime import compiled_graph as runtime
+from tpu_inductor.runtime import residency
 
 
 @pytest.fixture(autouse=True)

@@ -146,7 +146,7 @@ def test_empty_rows_stay_nan():
 def test_op_gradients_and_fake():
     """The op's eager kernels against autograd's numerical gradient (float64), its fake kernel
     against them (opcheck), for GQA, a decode diagonal and both mask kinds."""
-    from tpu_inductor.attention_op import ops
+    from tpu_inductor.ops.attention import ops
 
     for mask in (None, torch.rand(5, 7) > 0.3, torch.randn(2, 1, 5, 7, dtype=torch.float64)):
         q = torch.randn(2, 4, 5, 8, dtype=torch.float64, requires_grad=True)
@@ -263,7 +263,7 @@ def test_op_lowering_against_its_kernels(mask_shape, kv_heads, diagonal):
     """The op's lowering (grouped-query heads folded into K/V's, no repeat) and its backward's
     against the eager kernels, for every mask layout and causal diagonal."""
     from tests.helpers import check_against_eager
-    from tpu_inductor.attention_op import ops
+    from tpu_inductor.ops.attention import ops
 
     q = torch.randn(2, 4, 5, 8)
     k, v = torch.randn(2, kv_heads, 7, 8), torch.randn(2, kv_heads, 7, 3)
@@ -281,7 +281,7 @@ def test_op_lowering_against_its_kernels(mask_shape, kv_heads, diagonal):
 def test_op_lowering_keeps_scores_in_float32(tmp_path):
     """A bool mask and a causal diagonal become a float32 bias: under x64="keep" a jax where of
     Python floats is float64, which made every score float64 (twice the temporaries)."""
-    from tpu_inductor.attention_op import ops
+    from tpu_inductor.ops.attention import ops
 
     q, k, v = torch.randn(1, 4, 5, 8), torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)
     mask = torch.rand(5, 7) > 0.3

@@ -236,7 +236,7 @@ def test_op_lowering_equals_its_eager_kernel(dtype, centered, divide):
     """The op's lowering (lowering/ops/norm.py) equals its eager kernel (what runs where a
     region falls back to eager), and its fake kernel agrees with that kernel (opcheck)."""
     from tests.helpers import check_against_eager
-    from tpu_inductor.norm_op import ops as ours
+    from tpu_inductor.ops.norm import ops as ours
 
     g = torch.Generator().manual_seed(7)
     x, w, b = (torch.randn(*shape, generator=g).to(dtype) for shape in ((3, 5, 16), (16,), (16,)))

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from tpu_inductor import debug
+from tpu_inductor.debug import records as debug
 
 from . import hf_zoo
 from .helpers import assert_same, grads_of

@@ -13,7 +13,7 @@ from tpu_inductor.passes import hoist_weights
 import tpu_inductor
 from tests import hf_zoo
 from tests.helpers import assert_same
-from tpu_inductor import hoisted, residency
+from tpu_inductor.runtime import hoisted, residency
 
 aten = torch.ops.aten
 
@@ -130,7 +130,7 @@ def test_split_takes_marked_work_on_static_inputs_only():
 def test_the_dumps_show_both_halves(tmp_path):
     """The prologue is a compile record of its own (`<graph>_weights`) with its graph, the
     main graph's record shows the graph it runs; the prologue's per-call transfers are 0."""
-    from tpu_inductor import report
+    from tpu_inductor.debug import report
 
     model, kwargs = hf_zoo.build("llama")
     torch._dynamo.reset()

@@ -260,7 +260,7 @@ def test_without_a_compiler_it_warns_and_brings_host_copies_up_to_date(tmp_path)
     script = textwrap.dedent(
         """
         import torch, torch.nn as nn, tpu_inductor
-        from tpu_inductor import host_sync
+        from tpu_inductor.runtime import host_sync
         host_sync._torch_marks = lambda: None  # the shim's road, also on a CUDA build of torch
         model = nn.Linear(4, 4)
         reference = nn.Linear(4, 4)
@@ -288,7 +288,7 @@ def test_each_shim_marks_a_storage_and_clears_it_with_its_values(clear, tmp_path
     writes, then readable with its values after the clear."""
     import ctypes
 
-    from tpu_inductor import host_sync
+    from tpu_inductor.runtime import host_sync
 
     source = host_sync._MARK + host_sync._CLEARS[clear]
     library = ctypes.CDLL(str(host_sync._compiled(source, host_sync._library(source, tmp_path))))
@@ -314,8 +314,9 @@ def test_arguments_go_as_numpy_views_beside_stale_state_and_stale_ones_as_device
     it is the device array holding its current values."""
     import numpy as np
 
-    from tpu_inductor import runtime, transfer
-    from tpu_inductor.host_sync import host_sync
+    from tpu_inductor.runtime import compiled_graph as runtime
+    from tpu_inductor.runtime import transfer
+    from tpu_inductor.runtime.host_sync import host_sync
 
     model = nn.Linear(4, 4)
     _compile(model, device)(torch.ones(2, 4)).sum().backward()
@@ -399,8 +400,8 @@ def test_eager_ops_of_a_split_graph_read_current_values(device):
 def test_a_graph_run_by_eager_torch_reads_current_values(monkeypatch):
     """A graph PJRT could not compile runs in eager torch (fallback="eager"): the weights a
     compiled step left stale are brought home before it reads them."""
-    from tpu_inductor import runtime
     from tpu_inductor.exc import CompileError
+    from tpu_inductor.runtime import compiled_graph as runtime
 
     torch.manual_seed(0)
     model = nn.Linear(5, 3)

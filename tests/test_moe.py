@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from torch._dynamo.utils import counters
 
 import tpu_inductor
-from tpu_inductor import debug
+from tpu_inductor.debug import records as debug
 
 from . import hf_zoo
 from .helpers import assert_same, compile_aten, grads_of

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from tpu_inductor import distributed
 from tpu_inductor.exc import OptionError
+from tpu_inductor.sharding import distributed
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 import tpu_inductor
-from tpu_inductor import lowering, serialize
+from tpu_inductor import lowering
+from tpu_inductor.cache import serialize
 
 DEVICES = ("cpu", "cpu-copy")
 

@@ -462,7 +462,7 @@ def test_sin_and_cos_have_a_cpu_rule_and_a_portable_one():
 def test_clamp_takes_its_bound_as_a_runtime_value():
     """An integer bound that changes between calls is passed to the compiled graph (clamp's
     rule takes traced scalars): one compile serves every value after Dynamo's first."""
-    from tpu_inductor import runtime
+    from tpu_inductor.runtime import compiled_graph as runtime
 
     torch._dynamo.reset()
     compiled = torch.compile(lambda x, n: torch.clamp(x, max=n) * 2, backend="tpu_inductor")

@@ -13,8 +13,11 @@ import pytest
 import torch
 
 import tpu_inductor
-from tpu_inductor import bucketing, cache, debug, runtime
+from tpu_inductor.cache import stores as cache
+from tpu_inductor.debug import records as debug
 from tpu_inductor.exc import OptionError, UnexpectedCompileError
+from tpu_inductor.runtime import buckets as bucketing
+from tpu_inductor.runtime import compiled_graph as runtime
 
 from .helpers import assert_same
 
@@ -205,7 +208,7 @@ def test_a_compile_that_fails_in_the_background_is_logged_and_raised_by_its_call
     model = _Broken()
     compiled = _compiled(model)
     monkeypatch.setattr(runtime, "compile_module", fail)
-    with caplog.at_level(logging.WARNING, logger="tpu_inductor.dispatch"):
+    with caplog.at_level(logging.WARNING, logger="tpu_inductor.runtime.size_dispatch"):
         tpu_inductor.precompile(
             compiled, (torch.randn(2, 5),), {0: 1}, 8, _shapes(), background=True
         )

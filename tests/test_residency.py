@@ -18,8 +18,10 @@ import torch.nn as nn
 import tpu_inductor
 from tests import hf_zoo
 from tests.helpers import WritesBuffers
-from tpu_inductor import bucketing, report, runtime
-from tpu_inductor.residency import DeviceTensor
+from tpu_inductor.debug import report
+from tpu_inductor.runtime import buckets as bucketing
+from tpu_inductor.runtime import compiled_graph as runtime
+from tpu_inductor.runtime.residency import DeviceTensor
 
 DEVICES = ["cpu", "cpu-copy"]
 
@@ -260,7 +262,7 @@ def test_the_mirrors_identity_map_keys_by_identity_and_forgets_dead_keys():
     that dies drops its entry (a new tensor at its address finds nothing), pop and clear."""
     import gc
 
-    from tpu_inductor.residency import WeakIdentityMap
+    from tpu_inductor.runtime.residency import WeakIdentityMap
 
     table = WeakIdentityMap()
     a, b = torch.zeros(3), torch.zeros(3)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tpu_inductor import debug
+from tpu_inductor.debug import records as debug
 from tpu_inductor.exc import LoweringError
 
 from .helpers import assert_same, grads_of
@@ -209,7 +209,7 @@ def test_a_size_compiled_before_is_not_compiled_again_by_a_more_dynamic_graph():
     """(4,10) (4,20) (3,20) (4,10) (4,20): Dynamo makes 3 graphs (static, then dim 1, then both
     dims symbolic); the last two sizes run in the most dynamic graph, whose modules at those
     sizes are the ones compiled already: 3 PJRT compiles for 3 distinct sizes, as Inductor."""
-    from tpu_inductor import runtime
+    from tpu_inductor.runtime import compiled_graph as runtime
 
     def f(x):
         return (x.softmax(-1) * 2).sum(0)

@@ -13,8 +13,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tpu_inductor import aot, sharding
+from tpu_inductor.aot import artifact as aot
 from tpu_inductor.exc import ArtifactError, OptionError
+from tpu_inductor.sharding.mesh import Plan, parse_mesh, parse_shard, partition_specs
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,35 +27,35 @@ def make_mlp() -> nn.Module:
 
 
 def test_meshes_and_shards_parse_and_bad_ones_say_what_is_expected():
-    mesh = sharding.parse_mesh("data=2,model=4")
+    mesh = parse_mesh("data=2,model=4")
     assert (mesh.axes, str(mesh)) == ((("data", 2), ("model", 4)), "data=2,model=4")
-    assert sharding.parse_shard("x:data,-") == ("x", ("data", None))
-    assert sharding.parse_shard("x:") == ("x", ())
+    assert parse_shard("x:data,-") == ("x", ("data", None))
+    assert parse_shard("x:") == ("x", ())
     for bad in ("data", "data=0", "data=2,data=2", "1x=2", "data=²"):
         with pytest.raises(OptionError, match="--mesh"):
-            sharding.parse_mesh(bad)
+            parse_mesh(bad)
     with pytest.raises(OptionError, match="NAME:SPEC"):
-        sharding.parse_shard("x")
+        parse_shard("x")
     with pytest.raises(OptionError, match=r"more than once for \['x'\]"):
-        sharding.Plan(mesh, (("x", ("data",)), ("x", (None,))))
+        Plan(mesh, (("x", ("data",)), ("x", (None,))))
 
 
 def test_plans_split_the_first_dim_by_default_and_check_what_they_are_given():
-    mesh = sharding.parse_mesh("data=4,model=2")
+    mesh = parse_mesh("data=4,model=2")
     shapes = {"x": (8, 6), "step": ()}
-    assert sharding.partition_specs(mesh, shapes, {}) == {"x": ("data",), "step": ()}
+    assert partition_specs(mesh, shapes, {}) == {"x": ("data",), "step": ()}
     given = {"x": (None, "model")}
-    assert sharding.partition_specs(mesh, shapes, given)["x"] == (None, "model")
+    assert partition_specs(mesh, shapes, given)["x"] == (None, "model")
     with pytest.raises(OptionError, match=r"dim 1 \(6\) does not divide over mesh axis data"):
-        sharding.partition_specs(mesh, shapes, {"x": (None, "data")})
+        partition_specs(mesh, shapes, {"x": (None, "data")})
     with pytest.raises(OptionError, match="must use axes of the mesh"):
-        sharding.partition_specs(mesh, shapes, {"x": ("batch",)})
+        partition_specs(mesh, shapes, {"x": ("batch",)})
     with pytest.raises(OptionError, match="must use axes of the mesh"):
-        sharding.partition_specs(mesh, {"x": (8, 8)}, {"x": ("data", "data")})
+        partition_specs(mesh, {"x": (8, 8)}, {"x": ("data", "data")})
     with pytest.raises(OptionError, match=r"names \['y'\], which are not inputs"):
-        sharding.partition_specs(mesh, shapes, {"y": ("data",)})
+        partition_specs(mesh, shapes, {"y": ("data",)})
     with pytest.raises(OptionError, match="gives 3 dims"):
-        sharding.partition_specs(mesh, shapes, {"x": ("data", None, None)})
+        partition_specs(mesh, shapes, {"x": ("data", None, None)})
 
 
 def test_shard_without_a_mesh_is_refused(tmp_path, capsys):
@@ -68,7 +69,7 @@ def test_shard_without_a_mesh_is_refused(tmp_path, capsys):
 
 def test_a_mesh_lowers_for_a_platform_absent_here(tmp_path):
     """For TPU from this machine: StableHLO with the partitioning, no executables."""
-    plan = sharding.Plan(sharding.parse_mesh("data=4"))
+    plan = Plan(parse_mesh("data=4"))
     inputs = [aot.parse_input("x:float32[8,16]")]
     aot.compile_model(make_mlp(), inputs, tmp_path / "a", platform="tpu", plan=plan)
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
@@ -84,11 +85,12 @@ def test_a_mesh_lowers_for_a_platform_absent_here(tmp_path):
 
 _ON_8_DEVICES = """
 import sys, torch
-from tpu_inductor import aot, sharding
+from tpu_inductor.aot import artifact as aot
+from tpu_inductor.sharding.mesh import Plan, parse_mesh, parse_shard
 from tests.test_sharding import make_mlp
 
-out, mesh, shards = sys.argv[1], sys.argv[2], [sharding.parse_shard(s) for s in sys.argv[3:]]
-plan = sharding.Plan(sharding.parse_mesh(mesh), tuple(shards))
+out, mesh, shards = sys.argv[1], sys.argv[2], [parse_shard(s) for s in sys.argv[3:]]
+plan = Plan(parse_mesh(mesh), tuple(shards))
 inputs = [aot.parse_input("x:float32[B,16]")]
 aot.compile_model(make_mlp(), inputs, out, buckets={"B": (8, 16)}, plan=plan)
 loaded = aot.load(out)
@@ -146,7 +148,7 @@ def test_a_mesh_takes_its_devices_in_the_topologys_order(monkeypatch, caplog):
     import numpy as np
     from jax.experimental import mesh_utils
 
-    from tpu_inductor import mesh_placement
+    from tpu_inductor.sharding import placement as mesh_placement
 
     devices = ["d0", "d1", "d2", "d3"]
     seen = []
@@ -163,6 +165,6 @@ def test_a_mesh_takes_its_devices_in_the_topologys_order(monkeypatch, caplog):
         raise ValueError("no such slice")
 
     monkeypatch.setattr(mesh_utils, "create_device_mesh", refuses)
-    with caplog.at_level("INFO", logger="tpu_inductor.mesh_placement"):
+    with caplog.at_level("INFO", logger="tpu_inductor.sharding.placement"):
         assert mesh_placement.topology_order(devices, [4]) == tuple(devices)
     assert "no such slice" in caplog.text

@@ -15,9 +15,11 @@ import torch
 import torch.nn as nn
 
 import tpu_inductor
-from tpu_inductor import sharding, sharding_plans
 from tpu_inductor.exc import DeviceError, OptionError
-from tpu_inductor.sharding_plans import ColwiseParallel, RowwiseParallel
+from tpu_inductor.sharding import plans as sharding_plans
+from tpu_inductor.sharding import shard as sharding
+from tpu_inductor.sharding.mesh import Placement
+from tpu_inductor.sharding.plans import ColwiseParallel, RowwiseParallel
 
 from . import hf_zoo
 from .helpers import backend_error
@@ -114,7 +116,8 @@ import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 import json, torch, tpu_inductor
 import transformers.integrations.moe  # registers transformers::grouped_mm_fallback
-from tpu_inductor import report, sharding_plans
+from tpu_inductor.debug import report
+from tpu_inductor.sharding import plans as sharding_plans
 torch.manual_seed(0)
 class Layer(torch.nn.Module):
     def __init__(self):
@@ -161,7 +164,7 @@ import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 import copy, json, torch, torch.nn as nn
 import tpu_inductor
-from tpu_inductor.sharding_plans import ColwiseParallel, RowwiseParallel
+from tpu_inductor.sharding.plans import ColwiseParallel, RowwiseParallel
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
 reference = copy.deepcopy(model)
@@ -180,7 +183,7 @@ print(json.dumps([((p.grad - q.grad).abs().max() / q.grad.abs().max()).item()
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert max(json.loads(done.stdout.splitlines()[-1])) < 1e-6
-    from tpu_inductor import report
+    from tpu_inductor.debug import report
 
     text = report.explain(tmp_path)
     assert "communication: mesh {'data': 2, 'model': 4}: all-reduce" in text
@@ -324,7 +327,7 @@ def test_plans_resolve_to_the_specs_they_promise():
 
 
 def test_the_communication_report_counts_each_collective_and_its_bytes():
-    from tpu_inductor import collectives
+    from tpu_inductor.sharding import collectives
 
     hlo = """
   %a = f32[8,16]{1,0} all-reduce(f32[8,16]{1,0} %x), replica_groups={{0,1}}, to_apply=%sum
@@ -350,7 +353,7 @@ def test_the_communication_report_counts_each_collective_and_its_bytes():
 def test_the_report_counts_all_reduces_each_device_slices_as_reduce_scatters():
     """The SPMD partitioner's reduce-scatter, as XLA:CPU leaves it: a (combined, tuple)
     all-reduce whose values every user slices, directly or in a fusion that slices."""
-    from tpu_inductor import collectives
+    from tpu_inductor.sharding import collectives
 
     hlo = """
 %fused_slice (p0: f32[8,4], p1: u32[]) -> f32[2,4] {
@@ -388,7 +391,7 @@ def test_an_optimizers_state_takes_its_parameters_placement():
         tpu_inductor.shard_optimizer_state(model)
     assert tpu_inductor.shard_optimizer_state(optimizer) is optimizer
     placed = sharding.placements(values)
-    assert placed[0] == placed[1] == placed[3] == sharding.Placement(mesh, ("data", None))
+    assert placed[0] == placed[1] == placed[3] == Placement(mesh, ("data", None))
     assert placed[2] is None  # the step count has another shape
     assert sharding.placements([optimizer.state[model[2].bias]["exp_avg"]]) == [None]
 

@@ -16,9 +16,11 @@ import torch
 import torch.nn as nn
 from tpu_inductor.lowering import registry, stablehlo, torch_mlir
 
-from tpu_inductor import debug, lowering, runtime
+from tpu_inductor import lowering
 from tpu_inductor.config import Options
+from tpu_inductor.debug import records as debug
 from tpu_inductor.exc import FrontendUnavailableError, OptionError
+from tpu_inductor.runtime import compiled_graph as runtime
 
 from . import hf_zoo
 from .helpers import assert_same, grads_of

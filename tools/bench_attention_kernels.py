@@ -30,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tpu_inductor.lowering.ops import attention_kernels  # noqa: E402
 
 from tests import hf_zoo  # noqa: E402
-from tpu_inductor import aot, cache, runtime  # noqa: E402
+from tpu_inductor.aot import artifact as aot
+from tpu_inductor.cache import stores as cache
+from tpu_inductor.runtime import compiled_graph as runtime  # noqa: E402
 
 
 def tpu_kernel_choices(

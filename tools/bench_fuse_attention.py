@@ -46,7 +46,8 @@ from tpu_inductor.passes import pipeline  # noqa: E402
 from tests import hf_zoo  # noqa: E402
 from tests.attention_forms import _repeat_kv, _tril  # noqa: E402
 from tools.bench_attention_kernels import tpu_kernel_choices  # noqa: E402
-from tpu_inductor import cache, runtime  # noqa: E402
+from tpu_inductor.cache import stores as cache
+from tpu_inductor.runtime import compiled_graph as runtime  # noqa: E402
 
 HEADS, KV_HEADS, DIM = 8, 2, 64
 

@@ -26,7 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tpu_inductor import execution, runtime  # noqa: E402
+from tpu_inductor.runtime import compiled_graph as runtime  # noqa: E402
+from tpu_inductor.runtime import execution
 
 
 def _compiled(backend: str, device: str):

@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tpu_inductor  # noqa: E402
 from tests import hf_zoo  # noqa: E402
-from tpu_inductor import report, sharding_plans  # noqa: E402
+from tpu_inductor.debug import report
+from tpu_inductor.sharding import plans as sharding_plans  # noqa: E402
 
 
 def _step_figures(devices: int, size: hf_zoo.Size, steps: int) -> dict:

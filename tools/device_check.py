@@ -38,7 +38,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tpu_inductor  # noqa: E402
-from tpu_inductor import bench_models, runtime  # noqa: E402
+from tpu_inductor.bench import models as bench_models
+from tpu_inductor.runtime import compiled_graph as runtime  # noqa: E402
 
 
 def _workload(name: str) -> tuple[torch.nn.Module, dict, Callable]:

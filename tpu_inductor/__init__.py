@@ -24,7 +24,7 @@ __all__ = [
     "transfers",
 ]
 
-# Sharding's user API (tpu_inductor.sharding), imported when first used.
+# Sharding's user API (tpu_inductor.sharding.shard), imported when first used.
 _SHARDING = ("Mesh", "shard", "shard_optimizer_state", "mark_sharding")
 
 
@@ -32,16 +32,18 @@ def __getattr__(name: str):
     import importlib
 
     if name in _SHARDING:
-        return getattr(importlib.import_module(".sharding", __name__), name)
+        return getattr(importlib.import_module(".sharding.shard", __name__), name)
     if name == "sharding_plans":
-        return importlib.import_module(".sharding_plans", __name__)
+        return importlib.import_module(".sharding.plans", __name__)
+    if name == "distributed":  # tpu_inductor.distributed.initialize(...): several hosts
+        return importlib.import_module(".sharding.distributed", __name__)
     raise AttributeError(f"module 'tpu_inductor' has no attribute {name!r}")
 
 
 def compiles() -> int:
     """PJRT compiles in this process so far: a serving loop asserts that none came after
     warm-up (on a TPU each costs seconds to minutes)."""
-    from .runtime import stats
+    from tpu_inductor.runtime.compiled_graph import stats
 
     return stats["pjrt_compiles"]
 
@@ -52,7 +54,7 @@ def register_lowering(op, *, needs_ctx: bool = False, supports=None):
     `fn(ctx, ...)` with `needs_ctx` (ctx.out_dtype, ctx.out_shape: the node's result);
     `supports(node)` may decline some calls. An op defined later is found by its name. The
     rule's source is in the compile cache's key. README: "Lowering a custom op"."""
-    from .lowering import register_user_lowering
+    from tpu_inductor.lowering import register_user_lowering
 
     return register_user_lowering(op, needs_ctx=needs_ctx, supports=supports)
 
@@ -61,23 +63,23 @@ def precompile(
     compiled_fn, example_inputs, dims, largest, shapes=None, progress=None, **how
 ) -> list[int]:
     """Compile every shape bucket of `compiled_fn` up front, in parallel (`workers=`), or in
-    the background (`background=True`): tpu_inductor.bucketing.precompile."""
-    from .bucketing import precompile as run
+    the background (`background=True`): tpu_inductor.runtime.buckets.precompile."""
+    from tpu_inductor.runtime.buckets import precompile as run
 
     return run(compiled_fn, example_inputs, dims, largest, shapes, progress, **how)
 
 
 def no_compiles():
     """A context manager: a compile inside it (this thread) raises UnexpectedCompileError, so a
-    serving loop proves that warm-up left nothing to compile (tpu_inductor.dispatch)."""
-    from .dispatch import no_compiles as block
+    serving loop proves that warm-up left nothing to compile (tpu_inductor.runtime.size_dispatch)."""
+    from tpu_inductor.runtime.size_dispatch import no_compiles as block
 
     return block()
 
 
 def save_plans() -> list[str]:
-    """Write the `auto` bucket plans chosen from the sizes seen (tpu_inductor.bucketing)."""
-    from .bucketing import save_plans as run
+    """Write the `auto` bucket plans chosen from the sizes seen (tpu_inductor.runtime.buckets)."""
+    from tpu_inductor.runtime.buckets import save_plans as run
 
     return run()
 
@@ -86,7 +88,7 @@ def sync(*objects) -> int:
     """Bring host copies left stale under options={"host_sync": "explicit"} up to date: every
     one, or those of the given tensors, modules (their parameters, gradients and buffers) and
     optimizers (their state). Returns the bytes copied from the device (ledger kind "synced")."""
-    from .host_sync import sync_objects
+    from tpu_inductor.runtime.host_sync import sync_objects
 
     return sync_objects(objects)
 
@@ -94,13 +96,13 @@ def sync(*objects) -> int:
 def transfers() -> dict:
     """Bytes moved between host and device in this process, by direction and kind (counted as
     an accelerator pays them, also on the zero-copy CPU): tpu_inductor.transfers."""
-    from .ledger import transfers as ledger
+    from tpu_inductor.runtime.ledger import transfers as ledger
 
     return ledger()
 
 
 def reset_transfers() -> None:
     """Count transfers from zero again (a benchmark's steady state, a test)."""
-    from .ledger import reset
+    from tpu_inductor.runtime.ledger import reset
 
     reset()

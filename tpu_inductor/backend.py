@@ -14,9 +14,13 @@ from typing import Any
 
 import torch
 
-from . import debug, decompositions, residency, sharding
-from .config import Options
-from .exc import DeviceError
+from tpu_inductor import decompositions
+from tpu_inductor.config import Options
+from tpu_inductor.debug import records as debug
+from tpu_inductor.exc import DeviceError
+from tpu_inductor.runtime import residency
+from tpu_inductor.sharding import shard as sharding
+from tpu_inductor.sharding.mesh import common_mesh
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +41,10 @@ def tpu_inductor(
     _require_cpu_tensors(example_inputs)
     from torch._dynamo.backends.common import aot_autograd
 
-    from . import autograd_cache  # imports torch._inductor: not at module import
-    from .compile_fx import compile_graph
+    from tpu_inductor.cache import (
+        aot_autograd as autograd_cache,  # imports torch._inductor: not at module import
+    )
+    from tpu_inductor.compile_fx import compile_graph
 
     # AOTAutograd's graphs take the Dynamo graph's own parameters and buffers (an optimizer
     # step's) first, in aot_module_simplified's order, then its inputs.
@@ -55,7 +61,7 @@ def tpu_inductor(
         for i, v in enumerate(inputs)
         if isinstance(v, torch.Tensor) and residency.mirrors.has_copy(v)
     )
-    mesh = sharding.common_mesh(placed)
+    mesh = common_mesh(placed)
     # AOTAutograd's cache key knows nothing of placements: a graph over a mesh skips it (our
     # compile cache, whose key holds the mesh and specs, still serves it).
     use_autograd_cache = autograd_cache.enabled(gm, opts) and mesh is None
@@ -152,7 +158,7 @@ def _roles(kind: str, gm: torch.fx.GraphModule, dynamo_inputs: int, from_graphs:
     from theirs."""
     import dataclasses
 
-    from .runtime import GraphRoles
+    from tpu_inductor.runtime.compiled_graph import GraphRoles
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if kind == "backward":
@@ -169,7 +175,7 @@ def _forward_roles(kind: str, gm: torch.fx.GraphModule):
     """A forward's or inference graph's roles from AOTAutograd's metadata (see `_roles`)."""
     from torch._guards import TracingContext
 
-    from .runtime import GraphRoles
+    from tpu_inductor.runtime.compiled_graph import GraphRoles
 
     context = TracingContext.try_get()
     metadata = getattr(context, "fw_metadata", None) if context else None
@@ -190,7 +196,7 @@ def _placements(kind: str, gm: torch.fx.GraphModule, mesh, placed, roles, saved_
     left them (`saved_layouts`, in order). None without a mesh."""
     if mesh is None:
         return None
-    from .passes.annotate_sharding import SpecPlan
+    from tpu_inductor.passes.annotate_sharding import SpecPlan
 
     specs = {i: p.spec for i, p in enumerate(placed) if p is not None}
     if kind == "backward":

@@ -13,15 +13,21 @@ import importlib
 import os
 import sys
 
-from . import __version__
-from .exc import TpuInductorError
+from tpu_inductor import __version__
+from tpu_inductor.exc import TpuInductorError
 
 # Modules of this package that add subcommands (each: add_subcommands(commands)).
-SUBCOMMAND_MODULES: tuple[str, ...] = ("cache", "aot_cli", "bench", "bench_shapes", "report")
+SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "cache.stores",
+    "aot.cli",
+    "bench.harness",
+    "bench.shapes",
+    "debug.report",
+)
 
 
 def _devices(_args) -> int:
-    from . import runtime
+    from tpu_inductor.runtime import compiled_graph as runtime
 
     platforms = runtime.available_platforms()
     best = runtime.select_device("auto")
@@ -34,7 +40,7 @@ def _devices(_args) -> int:
 
 
 def _ops(args) -> int:
-    from .lowering import registry
+    from tpu_inductor.lowering import registry
 
     covered, missing = registry.core_aten_coverage()
     if args.list:

@@ -24,23 +24,19 @@ from typing import Any
 
 import torch
 
-from . import (
-    bucketing,
-    cache,
-    cached_compile,
-    debug,
-    dispatch,
-    eager_graph,
-    hoisted,
-    lowering,
-    partition,
-    runtime,
-    sharding,
-)
-from .config import Options
-from .exc import CompileError
-from .passes import annotate_sharding, bucket_shapes, hoist_weights, pipeline, shapes
-from .passes.context import PassContext
+from tpu_inductor import lowering, partition
+from tpu_inductor.cache import lookup as cached_compile
+from tpu_inductor.cache import stores as cache
+from tpu_inductor.config import Options
+from tpu_inductor.debug import records as debug
+from tpu_inductor.exc import CompileError
+from tpu_inductor.passes import annotate_sharding, bucket_shapes, hoist_weights, pipeline, shapes
+from tpu_inductor.passes.context import PassContext
+from tpu_inductor.runtime import buckets as bucketing
+from tpu_inductor.runtime import compiled_graph as runtime
+from tpu_inductor.runtime import eager_graph, hoisted
+from tpu_inductor.runtime import size_dispatch as dispatch
+from tpu_inductor.sharding import shard as sharding
 
 log = logging.getLogger(__name__)
 _LOWERING = threading.RLock()
@@ -301,7 +297,7 @@ class _Specializer:
 
     def lower(self, inputs, scalars: frozenset[int], record: debug.CompileRecord):
         """Stages 3-4: the graph at the sizes of `inputs`, lowered."""
-        from .lowering import torch_mlir
+        from tpu_inductor.lowering import torch_mlir
 
         values = [int(v) if i in scalars else v for i, v in enumerate(inputs)]
         platform, x64 = self.platform, self.options.x64

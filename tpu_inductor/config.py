@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .exc import OptionError
+from tpu_inductor.exc import OptionError
 
 
 def _knob(default: Any, *, choices: tuple[str, ...] = (), minimum: int = 0, unset: str = "") -> Any:

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import lowering
-from .dispatch import is_concrete, placeholder_values
-from .exc import TpuInductorError, UnsupportedOpError
-from .host_sync import host_sync
+from tpu_inductor import lowering
+from tpu_inductor.exc import TpuInductorError, UnsupportedOpError
+from tpu_inductor.runtime.host_sync import host_sync
+from tpu_inductor.runtime.size_dispatch import is_concrete, placeholder_values
 
 if TYPE_CHECKING:
-    from .config import Options
-    from .debug import GraphObserver
+    from tpu_inductor.config import Options
+    from tpu_inductor.debug.records import GraphObserver
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ CompileRegion = Callable[[torch.fx.GraphModule, "GraphObserver"], Callable]
 def missing(gm: torch.fx.GraphModule, options: Options, platform: str) -> dict[str, list[str]]:
     """The ops of `gm` with no rule (op name → source lines); none when torch-mlir lowers all."""
     if "torch-mlir" in (options.lowering, options.fallback):
-        from .lowering import torch_mlir
+        from tpu_inductor.lowering import torch_mlir
 
         torch_mlir.require()
     return {} if options.lowering == "torch-mlir" else lowering.missing_ops(gm, platform)

@@ -14,7 +14,7 @@ import math
 
 import jax.numpy as jnp
 
-from tpu_inductor.attention_op import ops as ours
+from tpu_inductor.ops.attention import ops as ours
 
 from ..registry import register_lowering
 from .common import accumulation_dtype

@@ -45,7 +45,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from tpu_inductor.attention_op import ops as ours
+from tpu_inductor.ops.attention import ops as ours
 
 from ..dtypes import x64_scope
 from ..registry import register_lowering

@@ -129,7 +129,7 @@ def expert_parallel_mm(x, weight, offs, mesh_text: str, axis: str):
     import jax
     from jax.sharding import AbstractMesh, PartitionSpec
 
-    from tpu_inductor.sharding_op import decode
+    from tpu_inductor.ops.shard_as import decode
 
     mesh, _ = decode(mesh_text, "")
     sizes, names = dict(mesh.axes), mesh.names

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from tpu_inductor.norm_op import ops as ours
+from tpu_inductor.ops.norm import ops as ours
 
 from ..registry import register_lowering
 from .common import accumulation_dtype

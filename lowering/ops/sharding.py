@@ -8,7 +8,7 @@ import jax
 import torch
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
-from tpu_inductor.sharding_op import decode
+from tpu_inductor.ops.shard_as import decode
 
 from ..registry import register_lowering
 

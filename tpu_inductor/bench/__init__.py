@@ -1,0 +1,1 @@
+"""The benchmark harness (`tpu-inductor bench`) and its models."""
