@@ -31,7 +31,7 @@ hidden 2048, +1.1 ms on 3.6; the zoo's Llama at hidden 512: 18.3 -> 28.3 MiB of 
 unmerged ones (README "Matmul merging").
 
 Preserves: every result (each column or row of the merged matmul is the dot product it was;
-float32 equal to 1e-6 against the unfused graph, tests/test_fuse_matmuls.py), `node.meta["val"]`
+float32 equal to 1e-6 against the unfused graph, tests/passes/test_fuse_matmuls.py), `node.meta["val"]`
 (new nodes get theirs from fake tensors), each replaced result's contiguous layout (a split
 along dim 1 is cloned dense: a later view may rely on its strides), the random streams (no
 random op is touched), and the graph's topological order (users moved after the merged node).

@@ -31,7 +31,7 @@ Numerics: the op accumulates in float32 for 16-bit inputs. Hugging Face's norms 
 float32 themselves, so there the op is the graph's computation (float32: equal to 1e-6). A
 norm written in bfloat16 without a cast rounds each step (squares, mean, rsqrt) to bfloat16
 unfused; fused, h is rounded once: the results differ by bfloat16 rounding and are closer to
-float64 (tests/test_fuse_norms.py). A saved value in a 16-bit dtype is the op's float32
+float64 (tests/passes/test_fuse_norms.py). A saved value in a 16-bit dtype is the op's float32
 statistic rounded to it.
 
 Preserves: `node.meta["val"]` (new nodes get theirs from the op's fake kernel), the layout of

@@ -1,4 +1,4 @@
-"""The attention corpus of tests/test_fuse_attention.py: written-out forms as Inductor's
+"""The attention corpus of tests/passes/test_fuse_attention.py: written-out forms as Inductor's
 patterns and Hugging Face's `attn_implementation="eager"` write them, and SDPA calls.
 
 Each form is `fn(q, k, v, mask)` on q [B, H, L, D], k and v [B, Hkv, S, D] (Hkv = H unless the

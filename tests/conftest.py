@@ -84,3 +84,16 @@ def compiled_graphs(monkeypatch) -> list:
 
     monkeypatch.setattr(runtime.CompiledGraph, "__init__", record)
     return made
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches and counters reset before and after the test: it compiles its own
+    graphs, never reaching a recompile limit that the tests before it filled. A module opts in
+    with `pytestmark = pytest.mark.usefixtures("fresh_dynamo")`."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()

@@ -2,11 +2,11 @@
 orthogonal polynomials.
 
 Rules use jax.scipy.special where it matches torch (checked against eager in
-tests/test_linalg_special.py); where it does not (zeta and polygamma for negative arguments),
+tests/lowering/test_linalg_special.py); where it does not (zeta and polygamma for negative arguments),
 torch's own algorithm is ported. Bessel J/Y, modified Bessel K, Airy Ai and the Chebyshev,
 Hermite, Laguerre and Legendre polynomials have no jax counterpart: they are ports of
 aten/src/ATen/native/Math.h, with its Cephes coefficients (cephes_tables.py), branch points and
-early returns, computed in the input dtype as torch does (tests/test_special_port.py).
+early returns, computed in the input dtype as torch does (tests/lowering/test_special_port.py).
 """
 
 from __future__ import annotations

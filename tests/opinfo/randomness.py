@@ -31,7 +31,7 @@ ALWAYS = frozenset(
         "exponential",
         "geometric",
         "log_normal",
-        # the window offsets are drawn (tests/test_coverage_ops.py gives them and checks values)
+        # the window offsets are drawn (tests/lowering/test_coverage_ops.py gives them and checks values)
         "nn.functional.fractional_max_pool2d",
         "nn.functional.fractional_max_pool3d",
     }

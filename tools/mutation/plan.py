@@ -2,7 +2,7 @@
 
 A named mutant is a bug that was once written (or planted by a probe) and went unseen: it is
 applied as a text replacement and must be killed, by name, on every run. Its `original` must
-occur exactly once in its file (tests/test_mutation_tools.py checks it), so a rewritten rule
+occur exactly once in its file (tests/tools/test_mutation_tools.py checks it), so a rewritten rule
 fails loudly instead of leaving the mutant silently inapplicable.
 """
 
@@ -12,16 +12,16 @@ import dataclasses
 
 # Rule file → the tests that cover it (pytest paths; a mutant runs the ones that execute it).
 TARGETS: dict[str, tuple[str, ...]] = {
-    "lowering/ops/pointwise.py": ("tests/test_pointwise.py",),
-    "lowering/ops/reduction.py": ("tests/test_reductions.py",),
-    "lowering/ops/indexing.py": ("tests/test_indexing.py",),
-    "lowering/ops/shape.py": ("tests/test_shape_ops.py",),
-    "lowering/ops/nn.py": ("tests/test_nn_ops.py",),
+    "lowering/ops/pointwise.py": ("tests/lowering/test_pointwise.py",),
+    "lowering/ops/reduction.py": ("tests/lowering/test_reductions.py",),
+    "lowering/ops/indexing.py": ("tests/lowering/test_indexing.py",),
+    "lowering/ops/shape.py": ("tests/lowering/test_shape_ops.py",),
+    "lowering/ops/nn.py": ("tests/lowering/test_nn_ops.py",),
     # The passes: what bucketing masks, and the shape policy it extends.
-    "passes/bucket_rules.py": ("tests/test_bucketing.py",),
-    "passes/bucket_shapes.py": ("tests/test_bucketing.py",),
-    "passes/bucket_policy.py": ("tests/test_bucket_policy.py",),
-    "passes/shapes.py": ("tests/test_shape_policy.py",),
+    "passes/bucket_rules.py": ("tests/passes/test_bucketing.py",),
+    "passes/bucket_shapes.py": ("tests/passes/test_bucketing.py",),
+    "passes/bucket_policy.py": ("tests/passes/test_bucket_policy.py",),
+    "passes/shapes.py": ("tests/passes/test_shape_policy.py",),
 }
 
 
