@@ -76,11 +76,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args()
 
-    from tpu_inductor.runtime import compiled_graph as runtime
+    from tpu_inductor.runtime import devices
 
     model, idx = make_model_and_inputs(args.batch, args.seq)
     compiled = torch.compile(model, backend="tpu_inductor")
-    print(f"device: {runtime.select_device('auto')}")
+    print(f"device: {devices.select_device('auto')}")
     with torch.no_grad():
         start = time.perf_counter()
         out = compiled(idx)

@@ -72,17 +72,17 @@ def _seeded_torch(request):
 
 @pytest.fixture
 def compiled_graphs(monkeypatch) -> list:
-    """Every runtime.CompiledGraph made during the test, in order."""
-    from tpu_inductor.runtime import compiled_graph as runtime
+    """Every compiled_graph.CompiledGraph made during the test, in order."""
+    from tpu_inductor.runtime import compiled_graph
 
     made = []
-    init = runtime.CompiledGraph.__init__
+    init = compiled_graph.CompiledGraph.__init__
 
     def record(graph, *args, **kwargs):
         init(graph, *args, **kwargs)
         made.append(graph)
 
-    monkeypatch.setattr(runtime.CompiledGraph, "__init__", record)
+    monkeypatch.setattr(compiled_graph.CompiledGraph, "__init__", record)
     return made
 
 

@@ -32,7 +32,7 @@ from tpu_inductor.lowering.ops import attention_kernels  # noqa: E402
 from tests import hf_zoo  # noqa: E402
 from tpu_inductor.aot import artifact as aot
 from tpu_inductor.cache import stores as cache
-from tpu_inductor.runtime import compiled_graph as runtime  # noqa: E402
+from tpu_inductor.runtime import devices  # noqa: E402
 
 
 def tpu_kernel_choices(
@@ -55,18 +55,18 @@ def tpu_kernel_choices(
 @contextlib.contextmanager
 def recorded_temporaries():
     """A list that collects the temporaries (bytes) of every executable PJRT compiles inside."""
-    temporaries, compile_stablehlo = [], runtime.compile_stablehlo
+    temporaries, compile_stablehlo = [], devices.compile_stablehlo
 
     def recording(module, device):
         executable = compile_stablehlo(module, device)
         temporaries.append(executable.get_compiled_memory_stats().temp_size_in_bytes)
         return executable
 
-    runtime.compile_stablehlo = recording
+    devices.compile_stablehlo = recording
     try:
         yield temporaries
     finally:
-        runtime.compile_stablehlo = compile_stablehlo
+        devices.compile_stablehlo = compile_stablehlo
 
 
 def decode_llama(cached: int, hidden: int, heads: int = 8, kv_heads: int = 2):
@@ -107,7 +107,7 @@ def decode_temporaries(cached: int, new: int, hidden: int) -> dict[bool, tuple[i
         for fuse in (False, True):
             temporaries.clear()
             cache.memory_cache.clear()
-            runtime.forget_executables()
+            devices.forget_executables()
             torch._dynamo.reset()
             options = {"cache": False, "fallback": "error", "fusion": {"attention": fuse}}
             logits = step(torch.compile(model, backend="tpu_inductor", options=options))

@@ -47,7 +47,7 @@ from tests import hf_zoo  # noqa: E402
 from tests.attention_forms import _repeat_kv, _tril  # noqa: E402
 from tools.bench_attention_kernels import tpu_kernel_choices  # noqa: E402
 from tpu_inductor.cache import stores as cache
-from tpu_inductor.runtime import compiled_graph as runtime  # noqa: E402
+from tpu_inductor.runtime import devices  # noqa: E402
 
 HEADS, KV_HEADS, DIM = 8, 2, 64
 
@@ -95,11 +95,11 @@ _FUSED = {
     "norms": ("fuse_norms.rms_norm", "fuse_norms.layer_norm"),
 }
 _temps: list[int] = []
-_compile = runtime.compile_stablehlo
+_compile = devices.compile_stablehlo
 
 
 def _recording_compile(module, device):
-    """runtime.compile_stablehlo, noting each executable's temporaries (bench only)."""
+    """devices.compile_stablehlo, noting each executable's temporaries (bench only)."""
     executable = _compile(module, device)
     _temps.append(executable.get_compiled_memory_stats().temp_size_in_bytes)
     return executable
@@ -115,7 +115,7 @@ def _timed(call, repeat: int, fusion: str = "attention", train: bool = False) ->
     `fusion` fused, under no_grad unless `train`."""
     _temps.clear()
     cache.memory_cache.clear()  # an executable another configuration compiled is compiled again
-    runtime.forget_executables()
+    devices.forget_executables()
     before = collections.Counter(pipeline.counters)
     with torch.set_grad_enabled(train):
         start = time.perf_counter()
@@ -206,7 +206,7 @@ def main(argv=None) -> None:
     parser.add_argument("--hidden", type=int, default=128, help="with --models")
     parser.add_argument("--heads", type=int, default=8, help="with --models")
     args = parser.parse_args(argv)
-    runtime.compile_stablehlo = _recording_compile
+    devices.compile_stablehlo = _recording_compile
     lengths = [int(n) for n in args.lengths.split(",")]
     if args.models:
         configs = [

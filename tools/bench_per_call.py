@@ -26,8 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tpu_inductor.runtime import compiled_graph as runtime  # noqa: E402
-from tpu_inductor.runtime import execution
+from tpu_inductor.runtime import compiled_graph, devices, execution  # noqa: E402
 
 
 def _compiled(backend: str, device: str):
@@ -46,11 +45,11 @@ def cases(x: torch.Tensor, device: str = "auto") -> dict:
         compiled = _compiled(backend, device)
         compiled(x)
         timed[f"whole call, backend={backend}"] = lambda c=compiled: c(x)
-    graph = [o for o in gc.get_objects() if type(o) is runtime.CompiledGraph][-1]
+    graph = [o for o in gc.get_objects() if type(o) is compiled_graph.CompiledGraph][-1]
     transfer, executable = graph._transfer, graph.executable
     array = transfer.to_device(x)
     result = executable.execute([array])[0]
-    timed["ours: runtime.CompiledGraph call"] = lambda: graph([x])
+    timed["ours: compiled_graph.CompiledGraph call"] = lambda: graph([x])
     timed["  argument (torch -> numpy view)"] = lambda: transfer.argument(x)
     timed["  to_device (torch -> jax, dlpack)"] = lambda: transfer.to_device(x)
     if graph._run.dispatch is not None:
@@ -118,7 +117,7 @@ def main(argv=None) -> int:
                 call()
             samples[name].append((time.perf_counter() - start) / args.calls * 1e6)
     medians = {name: statistics.median(v) for name, v in samples.items()}
-    device = runtime.select_device(args.device)
+    device = devices.select_device(args.device)
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; {device}; µs per call")
     for name, value in medians.items():
         print(f"{name:45s} {value:8.2f}")
@@ -126,7 +125,7 @@ def main(argv=None) -> int:
         medians["whole call, backend=tpu_inductor"],
         medians["whole call, backend=inductor"],
     )
-    inner = medians["ours: runtime.CompiledGraph call"]
+    inner = medians["ours: compiled_graph.CompiledGraph call"]
     print(f"{'ours / Inductor':45s} {ours / inductor:8.2f}x")
     print(f"{'C++ dispatch misses while timing (0: fast path)':45s} {execution.stats['misses']:8d}")
     guard = medians["whole call, a backend returning x"]

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tpu_inductor  # noqa: E402
 from tpu_inductor.bench import models as bench_models
-from tpu_inductor.runtime import compiled_graph as runtime  # noqa: E402
+from tpu_inductor.runtime import devices  # noqa: E402
 
 
 def _workload(name: str) -> tuple[torch.nn.Module, dict, Callable]:
@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     ours = args.device
     if ours == "auto":  # the CPU alone: its copying device, as an accelerator crosses
-        best = runtime.select_device("auto").platform
+        best = devices.select_device("auto").platform
         ours = "cpu-copy" if best == "cpu" else best
     if args.model == "auto":
         args.model = "gpt2" if importlib.util.find_spec("transformers") else "quickstart"
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     counters = 4 * len(list(model.parameters()))  # AdamW's one-element step counts
     tpu_inductor.sync()
     report = {
-        "device": str(runtime.select_device(ours)),
+        "device": str(devices.select_device(ours)),
         "model": args.model,
         "torch": torch.__version__,
         "load_average": os.getloadavg()[0],

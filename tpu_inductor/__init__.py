@@ -43,7 +43,7 @@ def __getattr__(name: str):
 def compiles() -> int:
     """PJRT compiles in this process so far: a serving loop asserts that none came after
     warm-up (on a TPU each costs seconds to minutes)."""
-    from tpu_inductor.runtime.compiled_graph import stats
+    from tpu_inductor.runtime.devices import stats
 
     return stats["pjrt_compiles"]
 

@@ -27,14 +27,14 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
 
 
 def _devices(_args) -> int:
-    from tpu_inductor.runtime import compiled_graph as runtime
+    from tpu_inductor.runtime import devices
 
-    platforms = runtime.available_platforms()
-    best = runtime.select_device("auto")
-    for name, devices in platforms.items():
+    platforms = devices.available_platforms()
+    best = devices.select_device("auto")
+    for name, found in platforms.items():
         marker = "  (default)" if name == best.platform else ""
-        print(f"{name}: {len(devices)} device(s){marker}")
-        for device in devices:
+        print(f"{name}: {len(found)} device(s){marker}")
+        for device in found:
             print(f"  {device.id}: {getattr(device, 'device_kind', name)}")
     return 0
 

@@ -9,7 +9,7 @@ Per ATen graph:
                are symbolic; the value-only integers the shape pass marked are module inputs)
   4 lower      tpu_inductor.lowering.lower (or its torch-mlir frontend): StableHLO
   5 compile    the compile cache (memory, disk) or PJRT, then stored   } cached_compile.py
-  6 wrap       runtime.CompiledGraph: torch in → device → torch out     }
+  6 wrap       compiled_graph.CompiledGraph: torch in → device → torch out     }
 
 A GraphObserver (debug.py) sees stages 1-2 of a graph and opens one CompileRecord per compile,
 whose `run(stage, fn)` times stages 3-5 and dumps what they made.
@@ -33,8 +33,7 @@ from tpu_inductor.exc import CompileError
 from tpu_inductor.passes import annotate_sharding, bucket_shapes, hoist_weights, pipeline, shapes
 from tpu_inductor.passes.context import PassContext
 from tpu_inductor.runtime import buckets as bucketing
-from tpu_inductor.runtime import compiled_graph as runtime
-from tpu_inductor.runtime import eager_graph, hoisted
+from tpu_inductor.runtime import compiled_graph, devices, eager_graph, hoisted
 from tpu_inductor.runtime import size_dispatch as dispatch
 from tpu_inductor.sharding import shard as sharding
 
@@ -49,7 +48,7 @@ def compile_graph(
     *,
     static_inputs: Sequence[int] = (),
     kind: str = "graph",
-    roles: runtime.GraphRoles | None = None,
+    roles: compiled_graph.GraphRoles | None = None,
     placements: annotate_sharding.SpecPlan | None = None,
 ) -> Callable[[list], list]:
     """Compile an ATen graph; returns a boxed callable (takes a list of inputs).
@@ -64,13 +63,13 @@ def compile_graph(
     # AOTAutograd calls compilers under its fake mode; the graph's real tensor constants
     # (get_attr) must be read as real tensors.
     with unset_fake_temporarily():
-        device = runtime.select_device(options.device)
+        device = devices.select_device(options.device)
         observer = debug.GraphObserver(debug.graph_name(kind), options)
         observer.graph(f"aten_{kind}", gm)
         gm = _passes(gm, example_inputs, options, device.lowering_platform, observer, placements)
         layout = gm.meta.get("sharding")
         if layout is not None:
-            device = runtime.mesh_device(device.platform, layout.mesh.axes)
+            device = devices.mesh_device(device.platform, layout.mesh.axes)
         missing = partition.missing(gm, options, device.lowering_platform)
         hoist = None if missing else _hoisted_split(gm, kind, static_inputs, len(example_inputs))
         if hoist is not None:
@@ -102,7 +101,7 @@ def compile_artifact_graph(
     *,
     name: str,
     platform: str,
-    device: runtime.Device | None,
+    device: devices.Device | None,
     mesh: tuple[tuple[tuple[str, int], ...], tuple[tuple[str | None, ...], ...]] | None = None,
 ) -> tuple[lowering.LoweredModule, Any]:
     """One graph of an AOT artifact, whole (an artifact cannot fall back to eager torch):
@@ -216,12 +215,12 @@ class _Specializer:
         self,
         gm,
         options: Options,
-        device: runtime.Device | None,
+        device: devices.Device | None,
         static_inputs,
         observer,
         platform: str | None = None,
         shardings: lowering.Shardings | None = None,
-        roles: runtime.GraphRoles | None = None,
+        roles: compiled_graph.GraphRoles | None = None,
         donate: bool = False,
     ):
         self.gm = gm
@@ -246,7 +245,7 @@ class _Specializer:
 
     def __call__(
         self, inputs: Sequence[Any], scalars: frozenset[int] = frozenset()
-    ) -> runtime.CompiledGraph:
+    ) -> compiled_graph.CompiledGraph:
         """Compiled for `inputs`; `scalars`: positions of integer inputs given as 0-d tensors."""
         signature = dispatch.input_signature(inputs)
         entries = [("graph", self.fingerprint), ("inputs", signature)]
@@ -324,7 +323,7 @@ class _Specializer:
         dispatch.check_compile_allowed(record.graph, record.inputs, record.bucketing)
         lowered = self.lower(inputs, scalars, record)
         executable = record.run(
-            "pjrt_compile", lambda: runtime.compile_module(lowered, self.device)
+            "pjrt_compile", lambda: devices.compile_module(lowered, self.device)
         )
         log.info(
             "tpu_inductor: compiled %s for inputs %s: lower %.2fs, PJRT compile %.2fs",

@@ -23,7 +23,7 @@ from tests.strategies import PROPERTY, seeds
 from tpu_inductor import cli
 from tpu_inductor.aot import artifact as aot
 from tpu_inductor.exc import ArtifactError, InputMismatchError, OptionError
-from tpu_inductor.runtime import compiled_graph as runtime
+from tpu_inductor.runtime import devices
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -349,12 +349,12 @@ def test_cli_run_names_the_file_it_wrote(artifact, tmp_path, capsys):
 @example(seq=4, pad_with="nan", seed=0)  # between the buckets 3 and 5
 def test_a_size_between_buckets_is_padded_to_the_next_and_exact(artifact, seq, pad_with, seed):
     torch.manual_seed(seed)
-    loaded, before = aot.load(artifact, pad_with=pad_with), runtime.stats["pjrt_compiles"]
+    loaded, before = aot.load(artifact, pad_with=pad_with), devices.stats["pjrt_compiles"]
     inputs = _example(seq)
     with torch.no_grad():
         expected = make_model()(**inputs)
     assert_same(loaded(**inputs), expected, atol=1e-5, rtol=1e-4)
-    assert runtime.stats["pjrt_compiles"] == before  # served by a compiled bucket
+    assert devices.stats["pjrt_compiles"] == before  # served by a compiled bucket
     manifest = aot.read_manifest(artifact)
     assert [e["padded"] for e in manifest["entries"]] == [True, True]
     assert manifest["padding"]["dims"] == {manifest["padding"]["layout"]["symbols"][0]: "S"}
@@ -430,7 +430,7 @@ def test_an_executable_pjrt_cannot_serialize_is_left_out_and_loading_compiles_it
     def refuse(executable, device):  # as XLA:CPU does for some sorts
         raise RuntimeError("UNIMPLEMENTED: `LessThan` is not serializable.")
 
-    monkeypatch.setattr(runtime, "serialize_executable", refuse)
+    monkeypatch.setattr(devices, "serialize_executable", refuse)
     with caplog.at_level(logging.WARNING, logger="tpu_inductor.aot.artifact"):
         aot.compile_model(_Sorted(), [aot.parse_input("x:float32[2,3]")], tmp_path)
     assert "the executable is not stored" in caplog.text and "LessThan" in caplog.text

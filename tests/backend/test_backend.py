@@ -26,8 +26,7 @@ from tpu_inductor.exc import (
     RegistrationError,
     UnsupportedOpError,
 )
-from tpu_inductor.runtime import compiled_graph as runtime
-from tpu_inductor.runtime import ledger, transfer
+from tpu_inductor.runtime import compiled_graph, devices, ledger, transfer
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -104,7 +103,7 @@ def test_one_device_calls_run_through_jaxs_cpp_dispatch_with_eagers_numbers(devi
 
     f = torch.compile(fn, backend="tpu_inductor", options={"device": device, "cache": False})
     f(*arguments(0))
-    graph = [o for o in gc.get_objects() if type(o) is runtime.CompiledGraph][-1]
+    graph = [o for o in gc.get_objects() if type(o) is compiled_graph.CompiledGraph][-1]
     assert graph._run.dispatch is not None
     execution.stats.clear()
     for seed in range(1, 6):
@@ -731,9 +730,9 @@ def test_cpu_flash_attention_is_traced_whole_forward_and_backward(tmp_path):
 
 
 def test_xla_flags_naming_the_option_win_over_ours(monkeypatch):
-    device = runtime.select_device("cpu")
+    device = devices.select_device("cpu")
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=-reduce")
-    assert runtime._placement(device)[1].env_option_overrides == []
+    assert devices._placement(device)[1].env_option_overrides == []
 
 
 def test_a_graph_pjrt_cannot_compile_runs_in_eager_torch_with_a_warning(monkeypatch, caplog):
@@ -744,7 +743,7 @@ def test_a_graph_pjrt_cannot_compile_runs_in_eager_torch_with_a_warning(monkeypa
     def fails(_module, _device):
         raise CompileError("PJRT failed (a test)")
 
-    monkeypatch.setattr(runtime, "compile_stablehlo", fails)
+    monkeypatch.setattr(devices, "compile_stablehlo", fails)
     x = torch.randn(4, 3)
     model = torch.nn.Linear(3, 2)
     torch._dynamo.reset()

@@ -18,7 +18,7 @@ from tpu_inductor import cli
 from tpu_inductor.bench import harness as bench
 from tpu_inductor.bench import models as bench_models
 from tpu_inductor.exc import BenchError
-from tpu_inductor.runtime import compiled_graph as runtime
+from tpu_inductor.runtime import devices
 
 _MLP_FLOPS = 2 * 64 * (512 * 2048 + 2048 * 2048 + 2048 * 512)  # the three matmuls of `mlp`
 
@@ -204,7 +204,7 @@ def test_a_failing_mode_is_reported_and_the_others_still_measured(monkeypatch):
 
 
 def test_a_compile_failure_shows_its_cause_and_the_header_the_configured_device(monkeypatch):
-    absent = next((p for p in ("tpu", "gpu") if p not in runtime.available_platforms()), None)
+    absent = next((p for p in ("tpu", "gpu") if p not in devices.available_platforms()), None)
     if absent is None:
         pytest.skip("this machine has both a TPU and a GPU: no absent device to ask for")
     monkeypatch.setenv("TPU_INDUCTOR_DEVICE", absent)

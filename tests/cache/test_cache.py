@@ -213,9 +213,9 @@ def test_explain_of_an_entry_with_a_malformed_key_is_a_cache_error(pristine, tmp
 
 def _codec():
     from tpu_inductor.cache import serialize
-    from tpu_inductor.runtime import compiled_graph as runtime
+    from tpu_inductor.runtime import devices
 
-    return serialize.disk_codec(runtime.select_device("auto"))
+    return serialize.disk_codec(devices.select_device("auto"))
 
 
 # --- safety, eviction -------------------------------------------------------------------------

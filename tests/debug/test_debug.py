@@ -23,7 +23,7 @@ from tpu_inductor.cache import stores as cache
 from tpu_inductor.debug import records as debug
 from tpu_inductor.debug import report
 from tpu_inductor.exc import CompileError, OptionError
-from tpu_inductor.runtime import compiled_graph as runtime
+from tpu_inductor.runtime import devices
 
 SIZES = (2, 5, 7)  # static, then automatic dynamic (a symbolic graph), then a specialization
 
@@ -325,10 +325,10 @@ class _Lowered:  # what a record is shown of a lowered module
 
 def test_failed_compile_writes_a_reproducer_that_reproduces(capsys):
     record = debug.CompileRecord("forward_x", (((4,), "torch.float32"),))
-    device = runtime.select_device("cpu")
+    device = devices.select_device("cpu")
     record.show(_Lowered)  # the lower stage showed it
     with pytest.raises(CompileError) as caught:
-        record.run("pjrt_compile", lambda: runtime.compile_stablehlo(BAD_MODULE, device))
+        record.run("pjrt_compile", lambda: devices.compile_stablehlo(BAD_MODULE, device))
     path = Path(
         str(caught.value).split("reproducer (the StableHLO module) is in ")[1].split(";")[0]
     )
@@ -347,8 +347,8 @@ def test_failed_compile_writes_a_reproducer_that_reproduces(capsys):
 
 
 def test_compile_failure_error_names_the_reproducer_in_the_dump(tmp_path, monkeypatch):
-    real = runtime.compile_stablehlo
-    monkeypatch.setattr(runtime, "compile_stablehlo", lambda _module, dev: real(BAD_MODULE, dev))
+    real = devices.compile_stablehlo
+    monkeypatch.setattr(devices, "compile_stablehlo", lambda _module, dev: real(BAD_MODULE, dev))
     x = torch.randn(4)
     with pytest.raises(CompileError, match=str(tmp_path)) as caught:
         compile_aten(torch.sin, [x], {"dump_dir": str(tmp_path), "cache": False})

@@ -139,7 +139,7 @@ def test_an_op_defined_after_its_rule_is_found_by_name():
 
 def test_user_rules_are_in_the_cache_key():
     """A rule registered (or edited: its source is hashed) is another key."""
-    device = tpu_inductor.runtime.compiled_graph.select_device()
+    device = tpu_inductor.runtime.devices.select_device()
     before = dict(cache.environment_entries(device))["user_rules"]
     assert before == lowering.user_rules_fingerprint() != ""
 

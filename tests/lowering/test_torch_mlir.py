@@ -22,7 +22,7 @@ from tpu_inductor import lowering
 from tpu_inductor.config import Options
 from tpu_inductor.debug import records as debug
 from tpu_inductor.exc import FrontendUnavailableError, OptionError
-from tpu_inductor.runtime import compiled_graph as runtime
+from tpu_inductor.runtime import compiled_graph, devices
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -211,15 +211,17 @@ def _forward_graph(model, inputs):
 
 def _run(frontend, gm, args, device):
     lowered = frontend.lower(gm, args, platform=device.lowering_platform)
-    executable = runtime.compile_stablehlo(lowered.bytecode, device)
-    return runtime.CompiledGraph(executable, lowered, device)(list(args))  # it clears its list
+    executable = devices.compile_stablehlo(lowered.bytecode, device)
+    return compiled_graph.CompiledGraph(executable, lowered, device)(
+        list(args)
+    )  # it clears its list
 
 
 @needs_torch_mlir
 @pytest.mark.parametrize("name", hf_zoo.MODELS)
 def test_forward_graph_lowered_both_ways_agrees(name):
     gm, args = _forward_graph(*hf_zoo.build(name))
-    device = runtime.select_device("cpu")
+    device = devices.select_device("cpu")
     with torch.no_grad():
         expected = list(gm(*args))
         ours = _run(stablehlo, gm, args, device)

@@ -19,7 +19,7 @@ from tpu_inductor.aot import buckets as aot_buckets
 from tpu_inductor.cache import stores as cache
 from tpu_inductor.exc import OptionError
 from tpu_inductor.runtime import buckets as bucketing
-from tpu_inductor.runtime import compiled_graph as runtime
+from tpu_inductor.runtime import devices
 
 NAN_PADDING = {"pad_with": "nan"}
 # Batch x length pairs of one run: pow2 buckets them as (4, 64) and (8, 16), 2 compiles.
@@ -30,7 +30,7 @@ def _new_process() -> None:
     """As a new process: no Dynamo graph, no executable in memory, no plan read yet."""
     torch._dynamo.reset()
     cache.memory_cache.clear()
-    runtime.forget_executables()  # a module another test compiled in this worker
+    devices.forget_executables()  # a module another test compiled in this worker
     bucketing.forget_plans()
 
 

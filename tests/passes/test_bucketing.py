@@ -18,7 +18,7 @@ from tests.helpers import assert_same, grads_of
 from tests.strategies import PROPERTY
 from tpu_inductor.exc import OptionError
 from tpu_inductor.runtime import buckets as bucketing
-from tpu_inductor.runtime import compiled_graph as runtime
+from tpu_inductor.runtime import devices
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -38,7 +38,7 @@ def _compile(fn, shapes, **kwargs):
 
 
 def _compiles() -> int:
-    return runtime.stats["pjrt_compiles"]
+    return devices.stats["pjrt_compiles"]
 
 
 def _ops(x, w, table, ids):

@@ -203,14 +203,14 @@ def test_a_size_compiled_before_is_not_compiled_again_by_a_more_dynamic_graph():
     """(4,10) (4,20) (3,20) (4,10) (4,20): Dynamo makes 3 graphs (static, then dim 1, then both
     dims symbolic); the last two sizes run in the most dynamic graph, whose modules at those
     sizes are the ones compiled already: 3 PJRT compiles for 3 distinct sizes, as Inductor."""
-    from tpu_inductor.runtime import compiled_graph as runtime
+    from tpu_inductor.runtime import devices
 
     def f(x):
         return (x.softmax(-1) * 2).sum(0)
 
     compiled = _compile(f, shapes={"policy": "exact"})
-    before = runtime.stats["pjrt_compiles"]
+    before = devices.stats["pjrt_compiles"]
     for shape in ((4, 10), (4, 20), (3, 20), (4, 10), (4, 20)):
         x = torch.randn(shape)
         assert_same(compiled(x), f(x))
-    assert runtime.stats["pjrt_compiles"] - before == 3
+    assert devices.stats["pjrt_compiles"] - before == 3

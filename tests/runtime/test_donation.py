@@ -19,8 +19,7 @@ import torch
 import tpu_inductor
 from tests.helpers import WritesBuffers
 from tpu_inductor.debug import records as debug
-from tpu_inductor.runtime import compiled_graph as runtime
-from tpu_inductor.runtime import residency
+from tpu_inductor.runtime import compiled_graph, devices, residency
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -98,10 +97,10 @@ def _writes_its_input():
     gm = torch.fx.experimental.proxy_tensor.make_fx(
         torch.func.functionalize(f, remove="mutations_and_views")
     )(torch.zeros(4))
-    device = runtime.select_device("cpu-copy")
+    device = devices.select_device("cpu-copy")
     lowered = lowering.lower(gm, [torch.zeros(4)], donate_writes=True)
     assert lowered.donated == (0,)
-    return runtime.CompiledGraph(runtime.compile_module(lowered, device), lowered, device)
+    return compiled_graph.CompiledGraph(devices.compile_module(lowered, device), lowered, device)
 
 
 def test_a_device_tensor_handed_to_a_donating_graph_keeps_its_array():

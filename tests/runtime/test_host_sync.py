@@ -20,6 +20,7 @@ import torch.nn as nn
 
 import tpu_inductor
 from tests import hf_zoo
+from tpu_inductor.runtime import devices
 
 DEVICES = ["cpu", "cpu-copy"]
 STALE = "call tpu_inductor.sync()"
@@ -314,8 +315,7 @@ def test_arguments_go_as_numpy_views_beside_stale_state_and_stale_ones_as_device
     it is the device array holding its current values."""
     import numpy as np
 
-    from tpu_inductor.runtime import compiled_graph as runtime
-    from tpu_inductor.runtime import transfer
+    from tpu_inductor.runtime import devices, transfer
     from tpu_inductor.runtime.host_sync import host_sync
 
     model = nn.Linear(4, 4)
@@ -323,7 +323,7 @@ def test_arguments_go_as_numpy_views_beside_stale_state_and_stale_ones_as_device
     assert model.weight.grad is not None
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     _compile(optimizer.step, device)()
-    moves = transfer.Transfer(runtime.select_device(device))
+    moves = transfer.Transfer(devices.select_device(device))
     assert moves.argument(torch.ones(3)).__class__ is np.ndarray
     weight = model.weight.detach()  # (no grad to require: only its staleness sends it otherwise)
     assert host_sync.is_stale(weight)
@@ -401,7 +401,6 @@ def test_a_graph_run_by_eager_torch_reads_current_values(monkeypatch):
     """A graph PJRT could not compile runs in eager torch (fallback="eager"): the weights a
     compiled step left stale are brought home before it reads them."""
     from tpu_inductor.exc import CompileError
-    from tpu_inductor.runtime import compiled_graph as runtime
 
     torch.manual_seed(0)
     model = nn.Linear(5, 3)
@@ -420,7 +419,7 @@ def test_a_graph_run_by_eager_torch_reads_current_values(monkeypatch):
     def fails(_module, _device):
         raise CompileError("PJRT failed (a test)")
 
-    monkeypatch.setattr(runtime, "compile_stablehlo", fails)
+    monkeypatch.setattr(devices, "compile_stablehlo", fails)
     forward = torch.compile(lambda t: model(t) * 2, backend="tpu_inductor", options=options)
     torch.testing.assert_close(forward(x), reference(x) * 2)
     torch.testing.assert_close(model.weight, reference.weight)  # home: no longer stale

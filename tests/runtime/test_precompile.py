@@ -18,7 +18,7 @@ from tpu_inductor.cache import stores as cache
 from tpu_inductor.debug import records as debug
 from tpu_inductor.exc import OptionError, UnexpectedCompileError
 from tpu_inductor.runtime import buckets as bucketing
-from tpu_inductor.runtime import compiled_graph as runtime
+from tpu_inductor.runtime import devices
 
 SHAPES = {"policy": "pow2", "min_bucket": 8, "pad_with": "nan"}
 LENGTHS = (3, 9, 17, 33, 64, 50, 8)  # buckets 8, 16, 32, 64
@@ -27,7 +27,7 @@ LENGTHS = (3, 9, 17, 33, 64, 50, 8)  # buckets 8, 16, 32, 64
 def _new_process() -> None:
     torch._dynamo.reset()
     cache.memory_cache.clear()
-    runtime.forget_executables()  # a module another test compiled in this worker
+    devices.forget_executables()  # a module another test compiled in this worker
 
 
 @pytest.fixture(autouse=True)
@@ -206,7 +206,7 @@ def test_a_compile_that_fails_in_the_background_is_logged_and_raised_by_its_call
 
     model = _Broken()
     compiled = _compiled(model)
-    monkeypatch.setattr(runtime, "compile_module", fail)
+    monkeypatch.setattr(devices, "compile_module", fail)
     with caplog.at_level(logging.WARNING, logger="tpu_inductor.runtime.size_dispatch"):
         tpu_inductor.precompile(
             compiled, (torch.randn(2, 5),), {0: 1}, 8, _shapes(), background=True

@@ -20,7 +20,7 @@ from tests import hf_zoo
 from tests.helpers import WritesBuffers
 from tpu_inductor.debug import report
 from tpu_inductor.runtime import buckets as bucketing
-from tpu_inductor.runtime import compiled_graph as runtime
+from tpu_inductor.runtime import compiled_graph
 from tpu_inductor.runtime.residency import DeviceTensor
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -312,9 +312,11 @@ def test_buffers_a_graph_writes_leave_the_resident_parameters_as_they_were(devic
     """The written buffers (BN statistics, the cache) change every call; the parameters'
     resident state is made once, on the first call, not again per call for their sake."""
     made = []
-    resend = runtime.CompiledGraph._resend
+    resend = compiled_graph.CompiledGraph._resend
     monkeypatch.setattr(
-        runtime.CompiledGraph, "_resend", lambda graph, *a: made.append(graph) or resend(graph, *a)
+        compiled_graph.CompiledGraph,
+        "_resend",
+        lambda graph, *a: made.append(graph) or resend(graph, *a),
     )
     model = WritesBuffers()
     reference = copy.deepcopy(model)

@@ -49,8 +49,8 @@ from tpu_inductor.aot import buckets as aot_buckets
 from tpu_inductor.cache import serialize
 from tpu_inductor.config import Options
 from tpu_inductor.exc import ArtifactError, DeviceError, InputMismatchError, OptionError
-from tpu_inductor.runtime import compiled_graph as runtime
-from tpu_inductor.runtime.compiled_graph import device_option_of
+from tpu_inductor.runtime import compiled_graph, devices
+from tpu_inductor.runtime.devices import device_option_of
 from tpu_inductor.sharding.mesh import Plan
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 FORMAT = 3  # the artifact layout version this module writes and reads (3: padded buckets)
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
-PLATFORMS = tuple(runtime.LOWERING_PLATFORMS.values())  # what --platform may name
+PLATFORMS = tuple(devices.LOWERING_PLATFORMS.values())  # what --platform may name
 _SPEC = re.compile(r"^(?P<name>[A-Za-z_]\w*):(?P<dtype>\w+)\[(?P<dims>[^\]]*)\]$")
 
 
@@ -169,7 +169,7 @@ def compile_model(
     each bucket starts. Returns the manifest's path.
     """
     buckets = {k: tuple(v) for k, v in (buckets or {}).items()}
-    platform = platform or runtime.select_device("auto").lowering_platform
+    platform = platform or devices.select_device("auto").lowering_platform
     if platform not in PLATFORMS:
         raise OptionError(f"tpu-inductor: platform {platform!r}; choose cpu, cuda or tpu.")
     options = Options.from_user(
@@ -196,7 +196,7 @@ class _Build:
 
     inputs: Sequence[InputSpec]
     platform: str
-    device: runtime.Device | None  # None: StableHLO only
+    device: devices.Device | None  # None: StableHLO only
     options: Options
     plan: Plan | None
 
@@ -327,15 +327,15 @@ def _check_dims(inputs: Sequence[InputSpec], buckets: dict[str, tuple[int, ...]]
         raise OptionError(f"tpu-inductor: --bucket {sorted(set(buckets) - used)} unused by inputs.")
 
 
-def _device_here(platform: str, plan: Plan | None) -> runtime.Device | None:
+def _device_here(platform: str, plan: Plan | None) -> devices.Device | None:
     device_name = device_option_of(platform)
-    if device_name not in runtime.available_platforms():
+    if device_name not in devices.available_platforms():
         log.info("tpu-inductor: no %s device here: StableHLO only, no executables", platform)
         return None
     if plan is None:
-        return runtime.select_device(device_name)
+        return devices.select_device(device_name)
     try:
-        return runtime.mesh_device(device_name, plan.mesh.axes)
+        return devices.mesh_device(device_name, plan.mesh.axes)
     except DeviceError as e:
         log.warning("tpu-inductor: StableHLO only, no executables: %s", e)
         return None
@@ -413,7 +413,7 @@ def _write_bucket(directory: Path, build: _Build, sizes, graph_inputs, lowered, 
     }
     if executable is not None:
         try:
-            files["executable.bin"] = runtime.serialize_executable(executable, build.device)
+            files["executable.bin"] = devices.serialize_executable(executable, build.device)
         except Exception as e:  # PJRT cannot serialize some executables (XLA:CPU's sorts:
             log.warning(  # "`LessThan` is not serializable"); the loader compiles the module
                 "tpu-inductor: bucket %s: the executable is not stored (%s: %s); the StableHLO "
@@ -455,7 +455,7 @@ def _portable(bytecode: bytes) -> bytes:
     return _jax.mlir.serialize_portable_artifact(bytecode, target, False)
 
 
-def _executable_tag(device: runtime.Device) -> dict[str, str]:
+def _executable_tag(device: devices.Device) -> dict[str, str]:
     """What a serialized executable depends on: it is loaded only where all of it matches."""
     import jaxlib
 
@@ -512,7 +512,7 @@ def _file_sha256(path: Path) -> str:
 class Artifact:
     """A loaded artifact: call it with the model's inputs (positional or by name)."""
 
-    def __init__(self, directory: Path, manifest: dict, device: runtime.Device, pad_with="zeros"):
+    def __init__(self, directory: Path, manifest: dict, device: devices.Device, pad_with="zeros"):
         self.directory = directory
         self.manifest = manifest
         self.device = device
@@ -533,7 +533,7 @@ class Artifact:
                 f"{directory / MANIFEST} names. The artifact is damaged: rebuild it with "
                 f"`{manifest['command'] or 'tpu-inductor compile ...'}`."
             )
-        self._compiled: dict[int, runtime.CompiledGraph] = {}
+        self._compiled: dict[int, compiled_graph.CompiledGraph] = {}
         from torch.utils._pytree import treespec_loads
 
         self._out_spec = treespec_loads(manifest["out_spec"])
@@ -576,7 +576,7 @@ class Artifact:
             raise InputMismatchError(f"tpu_inductor: missing inputs {absent} (expects {names}).")
         return values
 
-    def _load_bucket(self, number: int) -> runtime.CompiledGraph:
+    def _load_bucket(self, number: int) -> compiled_graph.CompiledGraph:
         entry = self.manifest["entries"][number]
         folder = self.directory / "buckets" / str(number)
         text = _guarded(folder / "module.mlir", lambda: (folder / "module.mlir").read_text())
@@ -589,7 +589,7 @@ class Artifact:
         if entry["executable"] == _executable_tag(self.device):
             executable = _guarded(
                 folder / "executable.bin",
-                lambda: runtime.deserialize_executable(
+                lambda: devices.deserialize_executable(
                     (folder / "executable.bin").read_bytes(), self.device, bytecode
                 ),
             )
@@ -597,9 +597,9 @@ class Artifact:
             log.info(
                 "tpu_inductor: compiling %s for %s (no matching executable)", folder, self.device
             )
-            executable = runtime.compile_stablehlo(bytecode, self.device)
+            executable = devices.compile_stablehlo(bytecode, self.device)
         static = [i for i, g in enumerate(entry["graph_inputs"]) if "weight" in g]
-        compiled = runtime.CompiledGraph(executable, lowered, self.device, static)
+        compiled = compiled_graph.CompiledGraph(executable, lowered, self.device, static)
         self._compiled[number] = compiled
         return compiled
 
@@ -648,7 +648,7 @@ def load(directory: str | Path, device: str = "auto", *, pad_with: str = "zeros"
                 "(checksum mismatch with manifest.json). Rebuild the artifact with "
                 f"`{manifest.get('command') or 'tpu-inductor compile ...'}`."
             )
-    here = runtime.select_device(device)
+    here = devices.select_device(device)
     if here.lowering_platform == manifest["platform"] and manifest.get("mesh"):
         here = _mesh_here(here, manifest["mesh"])
     if here.lowering_platform != manifest["platform"]:
@@ -660,11 +660,11 @@ def load(directory: str | Path, device: str = "auto", *, pad_with: str = "zeros"
     return _guarded(directory / MANIFEST, lambda: Artifact(directory, manifest, here, pad_with))
 
 
-def _mesh_here(device: runtime.Device, mesh: list) -> runtime.Device:
+def _mesh_here(device: devices.Device, mesh: list) -> devices.Device:
     """The devices of `device`'s platform for an artifact's mesh ([[axis, size], ...], checked
     by `read_manifest`)."""
     try:
-        return runtime.mesh_device(device.platform, tuple(map(tuple, mesh)))
+        return devices.mesh_device(device.platform, tuple(map(tuple, mesh)))
     except DeviceError as e:
         raise ArtifactError(f"{e} The artifact is split over that mesh.") from e
 

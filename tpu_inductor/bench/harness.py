@@ -120,11 +120,11 @@ def _import_compilers(modes) -> str | None:
     from tpu_inductor.config import Options
     from tpu_inductor.exc import DeviceError
     from tpu_inductor.lowering import interpreter  # noqa: F401
-    from tpu_inductor.runtime import compiled_graph as runtime
+    from tpu_inductor.runtime import devices
 
     wanted = Options.from_user().device  # TPU_INDUCTOR_DEVICE, as the cases' compiles see it
     try:
-        return str(runtime.select_device(wanted))
+        return str(devices.select_device(wanted))
     except DeviceError:  # each case's tpu_inductor mode fails and says why
         return f"{wanted} (not present here)"
 

@@ -33,7 +33,7 @@ from tpu_inductor.bench.harness import CpuLoad, write_outputs
 from tpu_inductor.cache import stores as cache
 from tpu_inductor.exc import BenchError, OptionError
 from tpu_inductor.runtime import buckets as bucketing
-from tpu_inductor.runtime import compiled_graph as runtime
+from tpu_inductor.runtime import devices
 from tpu_inductor.runtime.buckets import precompile
 
 POLICIES = ("exact", "pow2", "auto")
@@ -100,7 +100,7 @@ def _counted(mode: str):
         from torch._dynamo.utils import counters
 
         return counters["aot_autograd"]["total"]
-    return runtime.stats["pjrt_compiles"]
+    return devices.stats["pjrt_compiles"]
 
 
 def _fresh() -> None:
@@ -108,7 +108,7 @@ def _fresh() -> None:
     of an earlier run at hand (the compile caches are off)."""
     torch._dynamo.reset()
     bucketing.forget_plans()
-    runtime.forget_executables()
+    devices.forget_executables()
     cache.memory_cache.clear()
 
 

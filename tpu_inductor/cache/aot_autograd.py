@@ -110,9 +110,9 @@ def backend_id(options: Options) -> str:
     from tpu_inductor.cache import lookup as cached_compile
     from tpu_inductor.cache import stores as cache
     from tpu_inductor.passes import pipeline
-    from tpu_inductor.runtime import compiled_graph as runtime
+    from tpu_inductor.runtime import devices
 
-    device = runtime.select_device(options.device)
+    device = devices.select_device(options.device)
     entries = [
         *cached_compile.context_entries(options, device),
         ("passes", pipeline.fingerprint(options)),

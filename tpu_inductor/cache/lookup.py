@@ -1,5 +1,5 @@
 """Stages 5-6 of compile_fx's order: the compile cache (memory, then disk) or a PJRT compile on
-a miss, stored; and the runtime.CompiledGraph that wraps the executable. `load_cached` is the
+a miss, stored; and the compiled_graph.CompiledGraph that wraps the executable. `load_cached` is the
 lookup alone, for torch's AOTAutogradCache (nothing was traced in the process that asks).
 """
 
@@ -15,14 +15,14 @@ from tpu_inductor.cache import serialize
 from tpu_inductor.cache import stores as cache
 from tpu_inductor.config import Options
 from tpu_inductor.debug import records as debug
-from tpu_inductor.runtime import compiled_graph as runtime
+from tpu_inductor.runtime import compiled_graph, devices
 from tpu_inductor.runtime import size_dispatch as dispatch
 from tpu_inductor.sharding import collectives
 
 log = logging.getLogger(__name__)
 
 
-def context_entries(options: Options, device: runtime.Device) -> list[tuple[str, Any]]:
+def context_entries(options: Options, device: devices.Device) -> list[tuple[str, Any]]:
     """The compile-cache key entries besides the graph's: options and environment. The graph
     entry is the graph after the passes, with what its lowering reads besides (random streams):
     a pass that leaves a graph as it was leaves its key alone; the passes' sources are in the
@@ -33,12 +33,12 @@ def context_entries(options: Options, device: runtime.Device) -> list[tuple[str,
 def cached_compile(
     graph_key: cache.CacheKey,
     options: Options,
-    device: runtime.Device,
+    device: devices.Device,
     static_inputs: Sequence[int],
     record: debug.CompileRecord,
     compile_fn: Callable[[], Any] | None,
-    roles: runtime.GraphRoles | None = None,
-) -> runtime.CompiledGraph | None:
+    roles: compiled_graph.GraphRoles | None = None,
+) -> compiled_graph.CompiledGraph | None:
     """The graph of `graph_key` (graph and inputs entries) from the compile cache, or compiled
     by `compile_fn` and stored; None when it is not cached and there is no `compile_fn`.
     `roles`: as `compile_graph`'s."""
@@ -69,7 +69,7 @@ def cached_compile(
     # written by this call, serves the next one (residency.mirrors).
     mutated = tuple(position for position, _ in lowered.mutations)
     static = tuple(dict.fromkeys((*static_inputs, *mutated))) if options.resident_params else ()
-    return runtime.CompiledGraph(executable, lowered, device, static, graph_key, roles)
+    return compiled_graph.CompiledGraph(executable, lowered, device, static, graph_key, roles)
 
 
 def load_cached(
@@ -78,14 +78,14 @@ def load_cached(
     static_inputs: Sequence[int],
     example_inputs: Sequence[Any],
     options: Options,
-    roles: runtime.GraphRoles | None = None,
-) -> runtime.CompiledGraph | None:
+    roles: compiled_graph.GraphRoles | None = None,
+) -> compiled_graph.CompiledGraph | None:
     """A graph compiled by an earlier process, from the compile cache only (None if absent).
 
     For torch's AOTAutogradCache, which keeps `graph_key` and not the graph: the rest of the
     key comes from this process's options and environment.
     """
-    device = runtime.select_device(options.device)
+    device = devices.select_device(options.device)
     observer = debug.GraphObserver(debug.graph_name(kind), options)
     record = observer.record(dispatch.input_signature(example_inputs))
     record.cache["aot_autograd"] = "hit"
@@ -100,11 +100,13 @@ def load_cached(
     return compiled
 
 
-def kept_roles(roles: runtime.GraphRoles | None, options: Options) -> runtime.GraphRoles:
+def kept_roles(
+    roles: compiled_graph.GraphRoles | None, options: Options
+) -> compiled_graph.GraphRoles:
     """`roles`, with no saved output kept on the device under `saved_on_device=False`, and
     written state and gradients left on the device under `host_sync="explicit"` (where host
     storages can be marked stale here: else with a warning, brought up to date each call)."""
-    roles = roles or runtime.GraphRoles()
+    roles = roles or compiled_graph.GraphRoles()
     defer = options.host_sync == "explicit" and _can_defer()
     return dataclasses.replace(roles, keep_saved=options.saved_on_device, defer_host=defer)
 

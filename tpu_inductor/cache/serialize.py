@@ -14,7 +14,7 @@ import torch
 
 from tpu_inductor.cache import stores as cache
 from tpu_inductor.lowering import LoweredModule, OutputSlot, PartialWrite, Shardings, TensorSpec
-from tpu_inductor.runtime import compiled_graph as runtime
+from tpu_inductor.runtime import devices
 
 _SCALARS = (type(None), bool, int, float, str)
 
@@ -157,14 +157,14 @@ def _int(value) -> int:
     return value
 
 
-def disk_codec(device: runtime.Device) -> cache.Codec:
+def disk_codec(device: devices.Device) -> cache.Codec:
     """(executable, LoweredModule) ↔ files and a JSON manifest, for the disk cache."""
 
     def encode(value):
         executable, lowered = value
         meta = {"lowered": lowered_to_json(lowered)}
         files = {
-            "executable.bin": runtime.serialize_executable(executable, device),
+            "executable.bin": devices.serialize_executable(executable, device),
             "module.mlirbc": lowered.bytecode,
             "module.mlir": lowered.text.encode(),
         }
@@ -173,7 +173,7 @@ def disk_codec(device: runtime.Device) -> cache.Codec:
     def decode(files, meta):
         text = files["module.mlir"].decode()
         lowered = lowered_from_json(meta["lowered"], files["module.mlirbc"], text)
-        executable = runtime.deserialize_executable(files["executable.bin"], device, text)
+        executable = devices.deserialize_executable(files["executable.bin"], device, text)
         return executable, lowered
 
     return cache.Codec(encode, decode)

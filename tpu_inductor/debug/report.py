@@ -216,12 +216,12 @@ def write_report(dump_dir: str | Path, out: str | Path | None = None) -> Path:
 
 def recompile_reproducer(repro_dir: str | Path) -> None:
     """Compile a reproducer's module.mlir for its platform; raises the CompileError again."""
-    from tpu_inductor.runtime import compiled_graph as runtime
+    from tpu_inductor.runtime import devices
 
     root = Path(repro_dir)
     facts = json.loads((root / "repro.json").read_text())
-    device = runtime.select_device(facts["platform"])
-    runtime.compile_stablehlo((root / "module.mlir").read_text(), device)
+    device = devices.select_device(facts["platform"])
+    devices.compile_stablehlo((root / "module.mlir").read_text(), device)
 
 
 def _run_explain(args) -> int:

@@ -20,21 +20,22 @@ from collections.abc import Callable, Sequence
 import torch
 
 from tpu_inductor.passes import hoist_weights
-from tpu_inductor.runtime import compiled_graph as runtime
-from tpu_inductor.runtime import eager_graph, residency
+from tpu_inductor.runtime import compiled_graph, eager_graph, residency
 
 stats: collections.Counter = collections.Counter()  # prologue calls ("made"), process-wide
 
 
-def roles(split: hoist_weights.Split, roles: runtime.GraphRoles | None, inputs: int) -> tuple:
+def roles(
+    split: hoist_weights.Split, roles: compiled_graph.GraphRoles | None, inputs: int
+) -> tuple:
     """(the prologue's roles, the main graph's) for a graph of `inputs` caller's inputs: the
     prologue's results are saved outputs (kept on the device), the main graph's new inputs
     after the caller's are saved inputs (taken as the device arrays they are)."""
     count = len(split.made)
-    roles = roles or runtime.GraphRoles()
+    roles = roles or compiled_graph.GraphRoles()
     added = tuple(range(inputs, inputs + count))
     main = dataclasses.replace(roles, saved_inputs=(*roles.saved_inputs, *added))
-    return runtime.GraphRoles(saved_outputs=tuple(range(count))), main
+    return compiled_graph.GraphRoles(saved_outputs=tuple(range(count))), main
 
 
 class HoistedGraph:
@@ -42,7 +43,7 @@ class HoistedGraph:
 
     def __init__(
         self,
-        prologue: runtime.CompiledGraph | eager_graph.EagerGraph,
+        prologue: compiled_graph.CompiledGraph | eager_graph.EagerGraph,
         main: Callable[[list], list],
         sources: Sequence[int],
         prologue_only: Sequence[int] = (),
