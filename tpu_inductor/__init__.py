@@ -5,7 +5,7 @@
 Importing this package is cheap and changes no global state; jax is imported on first compile.
 """
 
-__version__ = "0.1.0"
+from tpu_inductor.version import __version__
 
 __all__ = [
     "Mesh",

@@ -1,4 +1,5 @@
-"""The `tpu-inductor` command: `--version`, `devices`, `ops`, and the subcommands of other rooms.
+"""The `tpu-inductor` command: `--version`, `devices`, `ops`, `repro`, and the subcommands of
+other rooms.
 
 Each module named in `SUBCOMMAND_MODULES` provides `add_subcommands(commands)`, which adds its
 argparse subparsers and sets `run=` on each (a function args -> exit code). `main` turns the
@@ -13,8 +14,8 @@ import importlib
 import os
 import sys
 
-from tpu_inductor import __version__
 from tpu_inductor.exc import TpuInductorError
+from tpu_inductor.version import __version__
 
 # Modules of this package that add subcommands (each: add_subcommands(commands)).
 SUBCOMMAND_MODULES: tuple[str, ...] = (
@@ -56,6 +57,27 @@ def _ops(args) -> int:
     return 0
 
 
+def _repro(args) -> int:
+    """Compile a reproducer's module.mlir (debug.records.write_reproducer) for its platform."""
+    import json
+    from pathlib import Path
+
+    from tpu_inductor.exc import CompileError
+    from tpu_inductor.runtime import devices
+
+    root = Path(args.repro_dir)
+    facts = json.loads((root / "repro.json").read_text())
+    try:
+        devices.compile_stablehlo(
+            (root / "module.mlir").read_text(), devices.select_device(facts["platform"])
+        )
+    except CompileError as e:
+        print(f"reproduced: {e}")
+        return 1
+    print("compiled without error: the failure did not reproduce")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tpu-inductor", description="tpu_inductor: compile PyTorch programs for PJRT devices."
@@ -68,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     ops = commands.add_parser("ops", help="registered lowerings and core ATen coverage")
     ops.add_argument("--list", action="store_true", help="print every registered overload")
     ops.set_defaults(run=_ops)
+    repro = commands.add_parser("repro", help="recompile a failed compile's reproducer")
+    repro.add_argument("repro_dir")
+    repro.set_defaults(run=_repro)
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(f"{__package__}.{name}").add_subcommands(commands)
     return parser

@@ -326,6 +326,7 @@ def test_plans_resolve_to_the_specs_they_promise():
 
 
 def test_the_communication_report_counts_each_collective_and_its_bytes():
+    from tpu_inductor.debug.report import communication_line
     from tpu_inductor.sharding import collectives
 
     hlo = """
@@ -342,7 +343,7 @@ def test_the_communication_report_counts_each_collective_and_its_bytes():
         "all-to-all": {"count": 1, "bytes": 24},
         "collective-permute": {"count": 1, "bytes": 3},
     }
-    line = collectives.line(
+    line = communication_line(
         {"mesh": {"data": 2}, "collectives": collectives.count(hlo),
          "per_device_bytes": {"arguments": 10, "temporaries": 2, "outputs": 1}}
     )  # fmt: skip

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from tpu_inductor import __version__, decompositions, files
+from tpu_inductor import decompositions, files
 from tpu_inductor.aot import buckets as aot_buckets
 from tpu_inductor.cache import serialize
 from tpu_inductor.config import Options
@@ -52,6 +52,7 @@ from tpu_inductor.exc import ArtifactError, DeviceError, InputMismatchError, Opt
 from tpu_inductor.runtime import compiled_graph, devices
 from tpu_inductor.runtime.devices import device_option_of
 from tpu_inductor.sharding.mesh import Plan
+from tpu_inductor.version import __version__
 
 log = logging.getLogger(__name__)
 

@@ -41,11 +41,11 @@ from collections.abc import Callable
 
 import torch
 
-from tpu_inductor import __version__
 from tpu_inductor.bench import models as bench_models
 from tpu_inductor.debug import records as debug
 from tpu_inductor.exc import BenchError
 from tpu_inductor.progress import progress_bar
+from tpu_inductor.version import __version__
 
 log = logging.getLogger(__name__)
 

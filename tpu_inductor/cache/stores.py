@@ -36,6 +36,7 @@ from typing import Any
 
 from tpu_inductor import files
 from tpu_inductor.exc import CacheError
+from tpu_inductor.runtime.lru import RecentlyUsed
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ def _versions() -> tuple[str, ...]:
     import jaxlib
     import torch
 
-    from tpu_inductor import __version__
+    from tpu_inductor.version import __version__
 
     return (torch.__version__, jax.__version__, jaxlib.__version__, __version__)
 
@@ -125,11 +126,10 @@ def _versions() -> tuple[str, ...]:
 @functools.cache
 def _source_digest() -> str:
     """sha256 of this package's Python sources: an edited lowering rule is a different key."""
-    import tpu_inductor
     from tpu_inductor import lowering, passes
 
     digest = hashlib.sha256()
-    package = Path(tpu_inductor.__file__).parent
+    package = Path(__file__).resolve().parents[1]  # tpu_inductor/, every room of it
     for root in sorted({package, *map(Path, lowering.__path__), *map(Path, passes.__path__)}):
         for path in sorted(root.rglob("*.py")):
             digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
@@ -186,31 +186,6 @@ class Codec:
 
     encode: Callable[[Any], tuple[dict[str, bytes], dict[str, Any]]]
     decode: Callable[[dict[str, bytes], dict[str, Any]], Any]
-
-
-class RecentlyUsed:
-    """A mapping that keeps its `limit` most recently used entries (a `get` hit counts)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._entries: collections.OrderedDict[Any, Any] = collections.OrderedDict()
-
-    def get(self, key) -> Any:
-        value = self._entries.get(key)
-        if value is not None:
-            self._entries.move_to_end(key)
-        return value
-
-    def put(self, key, value) -> bool:
-        """Keep `value`; whether the least recently used entry was dropped to make room."""
-        self._entries[key] = value
-        if len(self._entries) <= self.limit:
-            return False
-        self._entries.popitem(last=False)
-        return True
-
-    def clear(self) -> None:
-        self._entries.clear()
 
 
 class MemoryCache:

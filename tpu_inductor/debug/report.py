@@ -1,4 +1,4 @@
-"""Reading a dump folder back: `tpu-inductor explain | report | repro`.
+"""Reading a dump folder back: `tpu-inductor explain | report`.
 
 `explain DUMP_DIR` prints a summary of a run (compiles, their causes, time per stage, cache hit
 rate, fallback ops); `report DUMP_DIR` writes one static HTML page (no server, no CDN, no
@@ -15,8 +15,6 @@ import json
 import logging
 from pathlib import Path
 from typing import Any
-
-from tpu_inductor.sharding import collectives
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +111,7 @@ def explain(dump_dir: str | Path, compiles: list[dict[str, Any]] | None = None) 
         if c.get("transfers"):
             lines.append(f"    transfers: {transfer_line(c['transfers'])}")
         if c.get("communication"):
-            lines.append(f"    communication: {collectives.line(c['communication'])}")
+            lines.append(f"    communication: {communication_line(c['communication'])}")
         if c["error"]:
             lines.append(f"    error: {c['error']}")
     fallback: dict[str, int] = collections.Counter()
@@ -214,16 +212,6 @@ def write_report(dump_dir: str | Path, out: str | Path | None = None) -> Path:
     return path
 
 
-def recompile_reproducer(repro_dir: str | Path) -> None:
-    """Compile a reproducer's module.mlir for its platform; raises the CompileError again."""
-    from tpu_inductor.runtime import devices
-
-    root = Path(repro_dir)
-    facts = json.loads((root / "repro.json").read_text())
-    device = devices.select_device(facts["platform"])
-    devices.compile_stablehlo((root / "module.mlir").read_text(), device)
-
-
 def _run_explain(args) -> int:
     print(explain(args.dump_dir))
     return 0
@@ -234,20 +222,8 @@ def _run_report(args) -> int:
     return 0
 
 
-def _run_repro(args) -> int:
-    from tpu_inductor.exc import CompileError
-
-    try:
-        recompile_reproducer(args.repro_dir)
-    except CompileError as e:
-        print(f"reproduced: {e}")
-        return 1
-    print("compiled without error: the failure did not reproduce")
-    return 0
-
-
 def add_subcommands(commands) -> None:
-    """`tpu-inductor explain | report | repro`."""
+    """`tpu-inductor explain | report`."""
     explain_cmd = commands.add_parser("explain", help="summarize the compiles in a dump folder")
     explain_cmd.add_argument("dump_dir")
     explain_cmd.set_defaults(run=_run_explain)
@@ -255,9 +231,6 @@ def add_subcommands(commands) -> None:
     report_cmd.add_argument("dump_dir")
     report_cmd.add_argument("-o", "--output", help="the HTML file (default DUMP_DIR/report.html)")
     report_cmd.set_defaults(run=_run_report)
-    repro_cmd = commands.add_parser("repro", help="recompile a failed compile's reproducer")
-    repro_cmd.add_argument("repro_dir")
-    repro_cmd.set_defaults(run=_run_repro)
 
 
 def transfer_line(transfers: dict) -> str:
@@ -280,3 +253,20 @@ def _size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} B"
+
+
+def communication_line(communication: dict) -> str:
+    """A graph's collectives report (sharding/collectives.py) as one line."""
+    ops = communication["collectives"]
+    found = ", ".join(f"{kind} x{e['count']} ({e['bytes']} B)" for kind, e in ops.items())
+    sliced = communication.get("sliced_all_reduces")
+    if sliced:
+        found += (
+            f" (all-reduced and sliced x{sliced['count']}, {sliced['bytes']} B: reduce-scatters "
+            "on GPU/TPU)"
+        )
+    memory = communication["per_device_bytes"]
+    return (
+        f"mesh {communication['mesh']}: {found or 'no collectives'}; per device: arguments "
+        f"{memory['arguments']} B, temporaries {memory['temporaries']} B"
+    )

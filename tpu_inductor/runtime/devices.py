@@ -188,7 +188,7 @@ def compile_stablehlo(module: bytes | str, device: Device):
         raise CompileError(f"PJRT failed to compile the module for {device}: {e}") from e
 
 
-_executables_by_module = None  # cache.RecentlyUsed, made on first use
+_executables_by_module = None  # lru.RecentlyUsed, made on first use
 
 
 def compile_module(lowered, device: Device):
@@ -196,7 +196,7 @@ def compile_module(lowered, device: Device):
     process. Two graphs that lower to the same module (a size Dynamo compiled statically, then
     again in a graph with symbolic sizes) share one PJRT compile."""
     global _executables_by_module
-    from tpu_inductor.cache.stores import RecentlyUsed
+    from tpu_inductor.runtime.lru import RecentlyUsed
 
     if _executables_by_module is None:
         _executables_by_module = RecentlyUsed(256)

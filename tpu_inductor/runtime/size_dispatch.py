@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from tpu_inductor.cache import stores as cache
 from tpu_inductor.exc import UnexpectedCompileError
+from tpu_inductor.runtime.lru import RecentlyUsed
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class SizeDispatch:
         self._name = name
         self._scalars = scalars
         self._max_compiles = max_compiles
-        self._compiled = cache.RecentlyUsed(max_compiles)
+        self._compiled = RecentlyUsed(max_compiles)
         self._pending: dict[tuple, Future] = {}  # signatures compiling in a pool
         self._warned = False
 

@@ -128,20 +128,3 @@ def _report(executable, device) -> dict:
             "outputs": stats.output_size_in_bytes,
         },
     }
-
-
-def line(communication: dict) -> str:
-    """One line for `tpu-inductor explain`."""
-    ops = communication["collectives"]
-    found = ", ".join(f"{kind} x{e['count']} ({e['bytes']} B)" for kind, e in ops.items())
-    sliced = communication.get("sliced_all_reduces")
-    if sliced:
-        found += (
-            f" (all-reduced and sliced x{sliced['count']}, {sliced['bytes']} B: reduce-scatters "
-            "on GPU/TPU)"
-        )
-    memory = communication["per_device_bytes"]
-    return (
-        f"mesh {communication['mesh']}: {found or 'no collectives'}; per device: arguments "
-        f"{memory['arguments']} B, temporaries {memory['temporaries']} B"
-    )
