@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-slow opinfo bench mutation lint format clean
+.PHONY: setup run test test-slow opinfo bench mutation lint format docs clean
 
 setup: $(STAMP)
 
@@ -45,6 +45,15 @@ bench: $(VENV)/.installed-bench
 mutation: $(STAMP)
 	$(PY) -m tools.mutation --sample 20 --time-box 300 --out bench/results/mutation.md \
 		--json bench/results/mutation.json
+
+# The user guide (MkDocs, Material, mkdocstrings: the API page from the docstrings) → site/.
+# --strict: a broken link, a missing reference or a docstring warning fails the build.
+$(VENV)/.installed-docs: $(STAMP)
+	$(PY) -m pip install -q -e ".[docs]"
+	touch $@
+
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tpu_inductor lowering passes tests examples
