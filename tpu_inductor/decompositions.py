@@ -20,7 +20,7 @@ _WRONG = ("multilabel_margin_loss_forward",)
 
 
 # Kept whole: CPU flash attention, which torch decomposes into its math form (Inductor leaves
-# that decomposition out too). Its forward and backward rules (lowering/ops/nn.py) are the same
+# that decomposition out too). Its forward and backward rules (lowering/ops/sdpa.py) are the same
 # computation; tracing the math form and its gradient op by op cost the zoo Llama's first
 # training call 0.8 s of 6.9 s, and its first inference call 0.18 s of 3.5 s.
 _KEPT = ("_scaled_dot_product_flash_attention_for_cpu",)

@@ -1,6 +1,6 @@
 """Lowering of `tpu_inductor::attention` and its backward (tpu_inductor/attention_op.py).
 
-The computation is the SDPA rules' (`nn._attention`, `nn._attention_backward`: float32 scores,
+The computation is the SDPA rules' (`sdpa._attention`, `sdpa._attention_backward`: float32 scores,
 softmax by logsumexp, grouped-query heads read without repeating them); this module only turns
 the op's mask forms into theirs: a bool mask becomes a 0 / -inf bias, a causal diagonal other
 than 0 (a decode step) a -inf bias above that diagonal; and grouped-query attention (fewer K/V
@@ -17,12 +17,12 @@ import jax.numpy as jnp
 from tpu_inductor.ops.attention import ops as ours
 
 from ..registry import register_lowering
-from .common import accumulation_dtype
-from .nn import _attention, _attention_backward, _results
+from .common import _results, accumulation_dtype
+from .sdpa import _attention, _attention_backward
 
 
 def _bias(q, k, mask, causal_diagonal):
-    """(is_causal, additive float bias or None) for `nn._attention`. A bias made from a bool
+    """(is_causal, additive float bias or None) for `sdpa._attention`. A bias made from a bool
     mask or a diagonal is in the scores' dtype (under x64 a where of Python floats is float64,
     which made every score float64: twice the temporaries, half the speed)."""
     bias = None

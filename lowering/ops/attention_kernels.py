@@ -50,7 +50,7 @@ from tpu_inductor.ops.attention import ops as ours
 from ..dtypes import x64_scope
 from ..registry import register_lowering
 from . import attention as xla_form
-from .nn import _results
+from .common import _results
 
 log = logging.getLogger(__name__)
 

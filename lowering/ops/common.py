@@ -91,3 +91,25 @@ def outputs_unread(positions):
         )
 
     return supports
+
+
+def _results(ctx, values):
+    """Each value reshaped and cast to the node's result; None where the node expects None.
+
+    The node's metadata, not `output_mask`, decides which results exist: torch's meta
+    functions sometimes promise a tensor that its eager kernel leaves out.
+    """
+    return tuple(
+        None if val is None else v.reshape(val.shape).astype(ctx.jax_dtype(val.dtype))
+        for v, val in zip(values, ctx.out)
+    )
+
+
+def _f32(x):
+    """x in the dtype torch accumulates it in (float32 for 16-bit floats)."""
+    return x.astype(accumulation_dtype(x.dtype))
+
+
+def _ntuple(value, n: int) -> tuple[int, ...]:
+    values = [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+    return tuple(values * n if len(values) == 1 else values)

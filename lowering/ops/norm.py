@@ -14,8 +14,7 @@ from jax import lax
 from tpu_inductor.ops.norm import ops as ours
 
 from ..registry import register_lowering
-from .common import accumulation_dtype
-from .nn import _results
+from .common import _results, accumulation_dtype
 
 
 @register_lowering(ours.norm.default, needs_ctx=True)

@@ -1,9 +1,9 @@
-"""Pooling beyond nn.py's 2-d kernels (3-d max/avg, adaptive max, fractional max, 3-d adaptive
+"""Pooling beyond pooling.py's 2-d kernels (3-d max/avg, adaptive max, fractional max, 3-d adaptive
 avg), grid sampling and the trilinear form behind nn.Bilinear.
 
 Max pooling indices are torch's exactly: windows are scanned in row-major order, a later
 element wins when it is greater or NaN, and an all -inf window points at its first in-bounds
-element. 3-d pools run nn.py's 2-d pools over each depth offset of the window and merge them
+element. 3-d pools run pooling.py's 2-d pools over each depth offset of the window and merge them
 with that same rule. 16-bit inputs are computed in float32 and cast back.
 """
 
@@ -20,7 +20,7 @@ from jax import lax
 from torch._ops import ops
 
 from ..registry import register_lowering
-from . import nn
+from . import common, pooling
 
 aten = ops.aten
 
@@ -86,12 +86,12 @@ def adaptive_max_pool(ctx, x, output_size):
 
 @register_lowering(aten.adaptive_max_pool2d_backward.default)
 def adaptive_max_pool2d_backward(grad, x, indices):
-    return nn.max_pool_backward(grad, x, indices, 2)
+    return pooling.max_pool_backward(grad, x, indices, 2)
 
 
 @register_lowering(aten.adaptive_max_pool3d_backward.default)
 def adaptive_max_pool3d_backward(grad, x, indices):
-    return nn.max_pool_backward(grad, x, indices, 3)
+    return pooling.max_pool_backward(grad, x, indices, 3)
 
 
 # --- fractional max pooling --------------------------------------------------------------------
@@ -153,12 +153,12 @@ def fractional_max_pool(ctx, x, kernel_size, output_size, random_samples):
 
 @register_lowering(aten.fractional_max_pool2d_backward.default)
 def fractional_max_pool2d_backward(grad, x, kernel_size, output_size, indices):
-    return nn.max_pool_backward(grad, x, indices, 2)
+    return pooling.max_pool_backward(grad, x, indices, 2)
 
 
 @register_lowering(aten.fractional_max_pool3d_backward.default)
 def fractional_max_pool3d_backward(grad, x, kernel_size, output_size, indices):
-    return nn.max_pool_backward(grad, x, indices, 3)
+    return pooling.max_pool_backward(grad, x, indices, 3)
 
 
 # --- 3-d pooling: 2-d pools per depth offset ----------------------------------------------------
@@ -166,7 +166,7 @@ def fractional_max_pool3d_backward(grad, x, kernel_size, output_size, indices):
 
 def _depth_taps(depth, kernel, stride, padding, dilation, ceil_mode):
     """For each depth offset of the window: (clipped positions (OD,), in-bounds mask (OD,))."""
-    out = nn._pool_size(depth, kernel, stride, padding, dilation, ceil_mode)
+    out = pooling._pool_size(depth, kernel, stride, padding, dilation, ceil_mode)
     starts = np.arange(out) * stride - padding
     taps = []
     for k in range(kernel):
@@ -176,9 +176,9 @@ def _depth_taps(depth, kernel, stride, padding, dilation, ceil_mode):
 
 
 def _pool3d_args(kernel, stride, padding, dilation):
-    kernel = nn._ntuple(kernel, 3)
-    stride = nn._ntuple(stride, 3) if stride else kernel
-    return kernel, stride, nn._ntuple(padding, 3), nn._ntuple(dilation, 3)
+    kernel = common._ntuple(kernel, 3)
+    stride = common._ntuple(stride, 3) if stride else kernel
+    return kernel, stride, common._ntuple(padding, 3), common._ntuple(dilation, 3)
 
 
 @register_lowering(aten.max_pool3d_with_indices.default, needs_ctx=True)
@@ -190,7 +190,7 @@ def max_pool3d_with_indices(ctx, x, kernel, stride=(), padding=0, dilation=1, ce
     best = index = None
     for k, (pos, ok) in enumerate(taps):
         slab = jnp.take(x, jnp.asarray(pos), axis=x.ndim - 3)
-        value, plane_index = nn._max_pool(
+        value, plane_index = pooling._max_pool(
             slab, kernel[1:], stride[1:], padding[1:], dilation[1:], ceil_mode
         )
         flat = plane_index.astype(_index_dtype(ctx)) + jnp.asarray(
@@ -209,12 +209,12 @@ def max_pool3d_with_indices(ctx, x, kernel, stride=(), padding=0, dilation=1, ce
 def max_pool3d_with_indices_backward(
     grad, x, kernel, stride, padding, dilation, ceil_mode, indices
 ):
-    return nn.max_pool_backward(grad, x, indices, 3)
+    return pooling.max_pool_backward(grad, x, indices, 3)
 
 
 def _window_counts(size, kernel, stride, padding, ceil_mode, include_pad):
     """Per output position of one dim: how many window elements torch divides by."""
-    out = nn._pool_size(size, kernel, stride, padding, 1, ceil_mode)
+    out = pooling._pool_size(size, kernel, stride, padding, 1, ceil_mode)
     start = np.arange(out) * stride - padding
     end = np.minimum(start + kernel, size + padding)
     if include_pad:
@@ -225,11 +225,13 @@ def _window_counts(size, kernel, stride, padding, ceil_mode, include_pad):
 def _avg_pool3d(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
     kernel, stride, padding, _ = _pool3d_args(kernel, stride, padding, 1)
     taps = _depth_taps(x.shape[-3], kernel[0], stride[0], padding[0], 1, ceil_mode)
-    xf = nn._f32(x)
+    xf = common._f32(x)
     total = 0
     for pos, ok in taps:
         slab = jnp.take(xf, jnp.asarray(pos), axis=x.ndim - 3)
-        window_sum = nn._avg_pool(slab, kernel[1:], stride[1:], padding[1:], ceil_mode, True, 1)
+        window_sum = pooling._avg_pool(
+            slab, kernel[1:], stride[1:], padding[1:], ceil_mode, True, 1
+        )
         total = total + jnp.where(jnp.asarray(ok[:, None, None]), window_sum, 0.0)
     if divisor_override:
         divisor = np.asarray(divisor_override)
@@ -258,10 +260,10 @@ def avg_pool3d_backward(grad, x, kernel, stride, padding, ceil_mode, count_inclu
 
 
 def _adaptive_avg_pool3d(x, output_size):
-    od, oh, ow = nn._ntuple(output_size, 3)
-    xf = nn._f32(x)
+    od, oh, ow = common._ntuple(output_size, 3)
+    xf = common._f32(x)
     d, h, w = (
-        jnp.asarray(nn._adaptive_matrix(size, out), xf.dtype)
+        jnp.asarray(pooling._adaptive_matrix(size, out), xf.dtype)
         for size, out in zip(x.shape[-3:], (od, oh, ow))
     )
     out = jnp.einsum("...dhw,Dd,Hh,Ww->...DHW", xf, d, h, w, precision=lax.Precision.HIGHEST)
@@ -316,7 +318,7 @@ def _source_coordinate(coord, size: int, padding_mode: int, align_corners: bool)
 def _grid_sample(x, grid, mode, padding_mode, align_corners):
     nd = grid.shape[-1]
     n, c, sizes = x.shape[0], x.shape[1], x.shape[2:]
-    xf, gf = nn._f32(x), nn._f32(grid)
+    xf, gf = common._f32(x), common._f32(grid)
     # grid's last axis lists (x, y[, z]): the spatial dims of x in reverse order
     coords = [
         _source_coordinate(gf[..., nd - 1 - d], sizes[d], padding_mode, align_corners)
@@ -368,10 +370,10 @@ def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
 @register_lowering(aten._trilinear.default, needs_ctx=True)
 def trilinear(ctx, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     """sum over `sumdim` of i1 * i2 * i3, each first unsqueezed at its `expand` dims."""
-    total = nn._f32(i1).ndim + len(expand1)
+    total = common._f32(i1).ndim + len(expand1)
 
     def expanded(t, expand):
-        t = nn._f32(t)
+        t = common._f32(t)
         for d in sorted(expand):
             t = jnp.expand_dims(t, d)
         return t

@@ -16,7 +16,7 @@ from jax import lax
 from torch._ops import ops
 
 from ..registry import register_lowering
-from . import common, nn
+from . import common, normalization
 from .common import accumulation_dtype
 
 aten = ops.aten
@@ -332,7 +332,7 @@ class _WithoutReserve:
 
 @register_lowering(aten._batch_norm_with_update_functional.default, needs_ctx=True)
 def batch_norm_with_update_functional(ctx, x, weight, bias, mean, var, momentum, eps):
-    out, save_mean, save_rstd, new_mean, new_var = nn._batch_norm(
+    out, save_mean, save_rstd, new_mean, new_var = normalization._batch_norm(
         _WithoutReserve(ctx), x, weight, bias, mean, var, True, momentum, eps
     )
     reserve = jnp.zeros(ctx.out[3].shape, ctx.jax_dtype(ctx.out[3].dtype))

@@ -24,7 +24,7 @@ _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 def _loss(x, linear_weight, target, bias, weight, reduction, ignore_index, smoothing, acc):
     """torch's cross_entropy of the logits, class probabilities by index, with label smoothing
     spread over the classes (weighted by `weight`) and `ignore_index` rows left out."""
-    from .nn import _nll
+    from .losses import _nll
 
     logits = matmul(x.astype(acc), linear_weight.astype(acc).T)
     if bias is not None:

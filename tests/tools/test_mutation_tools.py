@@ -72,5 +72,7 @@ def test_changed_lines_and_workspace_paths():
     mutated = _SOURCE.replace("y + 1", "y - 1")
     assert run._changed(_SOURCE, mutated) == ("return y + 1", "return y - 1")
     ws = Workspace(Path("/w"))
-    assert ws.path_of("lowering/ops/nn.py") == Path("/w/tpu_inductor/lowering/ops/nn.py")
-    assert ws.path_of("tests/lowering/test_nn_ops.py") == Path("/w/tests/lowering/test_nn_ops.py")
+    assert ws.path_of("lowering/ops/losses.py") == Path("/w/tpu_inductor/lowering/ops/losses.py")
+    assert ws.path_of("tests/lowering/test_nn_ops_losses.py") == Path(
+        "/w/tests/lowering/test_nn_ops_losses.py"
+    )

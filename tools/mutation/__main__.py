@@ -1,4 +1,4 @@
-"""python -m tools.mutation [--files lowering/ops/nn.py,...] [--sample 20] [--seed 0]
+"""python -m tools.mutation [--files lowering/ops/losses.py,...] [--sample 20] [--seed 0]
 [--rev HEAD] [--time-box 300] [--out bench/results/mutation.md] [--json F]: see tools/mutation/__init__.py.
 Exits 1 when a named mutant is not killed or a file scores under --min-score."""
 

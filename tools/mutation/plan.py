@@ -16,7 +16,12 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "lowering/ops/reduction.py": ("tests/lowering/test_reductions.py",),
     "lowering/ops/indexing.py": ("tests/lowering/test_indexing.py",),
     "lowering/ops/shape.py": ("tests/lowering/test_shape_ops.py",),
-    "lowering/ops/nn.py": ("tests/lowering/test_nn_ops.py",),
+    "lowering/ops/conv.py": ("tests/lowering/test_nn_ops_conv.py",),
+    "lowering/ops/normalization.py": ("tests/lowering/test_nn_ops_norm.py",),
+    "lowering/ops/pooling.py": ("tests/lowering/test_nn_ops_pooling.py",),
+    "lowering/ops/embedding.py": ("tests/lowering/test_nn_ops_embedding.py",),
+    "lowering/ops/sdpa.py": ("tests/lowering/test_nn_ops_sdpa.py",),
+    "lowering/ops/losses.py": ("tests/lowering/test_nn_ops_losses.py",),
     # The passes: what bucketing masks, and the shape policy it extends.
     "passes/bucket_rules.py": ("tests/passes/test_bucketing.py",),
     "passes/bucket_shapes.py": ("tests/passes/test_bucketing.py",),
@@ -51,7 +56,7 @@ NAMED: tuple[Named, ...] = (
     ),
     Named(
         "nll_loss's backward credits targets equal to ignore_index",
-        "lowering/ops/nn.py",
+        "lowering/ops/losses.py",
         "value = jnp.where(keep, -w.astype(x.dtype) * g, jnp.zeros((), x.dtype))",
         "value = -w.astype(x.dtype) * g",
     ),

@@ -37,7 +37,7 @@ class Workspace:
         self.root = root
 
     def path_of(self, repo_path: str) -> Path:
-        """Where a repository file (lowering/ops/nn.py) lies in the copy."""
+        """Where a repository file (lowering/ops/losses.py) lies in the copy."""
         top, _, rest = repo_path.partition("/")
         return self.root / _LAYOUT.get(top, top) / rest
 
