@@ -5,7 +5,7 @@ partition spec, and of graph output position → spec, e.g. a gradient placed as
 and the sharding constraints in the graph (`tpu_inductor::shard_as`, from `mark_sharding`
 inside compiled code and from their gradients). Writes:
 
-- `gm.meta["sharding"]`: a `GraphSharding` (the mesh, each input's spec) for compile_fx, which
+- a `GraphSharding` (the mesh, each input's spec), read with `layout_of(gm)`: compile_fx
   compiles the graph for the mesh's devices and gives the lowering the inputs' specs;
 - a constraint on each placed output, so the partitioner computes it split that way (a
   gradient reduce-scattered into its parameter's layout, not all-reduced).
@@ -55,6 +55,11 @@ class GraphSharding:
 
     mesh: Mesh
     inputs: dict[int, Spec]
+
+
+def layout_of(gm: torch.fx.GraphModule) -> GraphSharding | None:
+    """What this pass made of `gm`: its mesh and each input's spec, or None on one device."""
+    return gm.meta.get("sharding")
 
 
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:

@@ -14,8 +14,9 @@ padding where it is; whatever inf/NaN they make there stays there.
 
 A graph the pass cannot prove exact — an op it has no padding rule for reading a padded dim, a
 size it cannot follow (`s + 1`), a symbol's value used as a number, a random op over padding,
-an op the lowering lacks — is left as it was and compiled per exact size; the reason is kept in
-`gm.meta["bucketing"]` (a `Refusal`), logged, dumped and shown by the recompile explanation.
+an op the lowering lacks — is left as it was and compiled per exact size; the reason (a
+`Refusal`, read with `layout_of(gm)` as a bucketed graph's `BucketLayout` is) is logged, dumped
+and shown by the recompile explanation.
 
     %x: f32[s0, 8]  (padded to B0 at run time)     %x, %true_s0 (a 0-d int input)
     %y = aten.sum.dim_IntList(%x, [0])        ->   %valid = aten.lt.Scalar(arange(B0), %true_s0)
@@ -64,6 +65,12 @@ class BucketLayout:
     outputs: tuple  # per output: Layout (tensor to slice), sympy expr (a SymInt), or None
     bounds: dict  # symbol -> the largest bucket the graph allows (None: unbounded)
     keys: dict  # symbol -> a name stable across processes (its source: L['x'].size()[1])
+
+
+def layout_of(gm: torch.fx.GraphModule) -> BucketLayout | Refusal | None:
+    """What this pass made of `gm`: its bucket layout, why it is not bucketed, or None (no
+    policy, or no symbolic size)."""
+    return gm.meta.get("bucketing")
 
 
 def run(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:

@@ -13,9 +13,11 @@ Before the first pass every call node gets its random stream (`meta["rng_stream"
 now): a pass that inserts or removes nodes, or a disabled pass, leaves the streams of the
 random ops in the graph as they were. A pass that replaces a random op copies its meta.
 
-A pass's identity in the compile cache key (`fingerprint`) is its name, a digest of its
-module's source and the values of the options it reads: editing a pass, or changing a setting
-it reads, is a new key; nobody keeps a version number by hand.
+A pass's identity (`identity`) is its name, a digest of its module's source, and the values of
+the options it reads, or that it is disabled: editing a pass, or changing a setting it reads, is
+a new key; nobody keeps a version number by hand. It is the passes' one identity: the compile
+cache key (cache/key.py) holds it, and so does AOTAutograd's cache through the same key's
+context; the key's source digest leaves the pass modules (`pass_files`) to it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import hashlib
 import inspect
 import logging
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -72,18 +75,27 @@ PASSES: tuple[Pass, ...] = (
 
 
 @functools.cache
-def _source_digest(fn: Callable) -> str:
+def _module_digest(fn: Callable) -> str:
     return hashlib.sha256(inspect.getsource(inspect.getmodule(fn)).encode()).hexdigest()[:16]
 
 
-def fingerprint(options: Any) -> tuple[tuple[str, str, tuple], ...]:
-    """(name, source digest, options read) of every pass that runs: part of the cache key."""
+def identity(options: Any) -> tuple[tuple[str, str, Any], ...]:
+    """Per pass in order, (name, digest of its module's source, the values of the options it
+    reads, or "disabled"): the passes' part of the compile cache key."""
     skip = set(options.disable_passes)
     return tuple(
-        (p.name, _source_digest(p.fn), tuple((k, _setting(options, k)) for k in p.reads))
+        (
+            p.name,
+            _module_digest(p.fn),
+            "disabled" if p.name in skip else tuple((k, _setting(options, k)) for k in p.reads),
+        )
         for p in PASSES
-        if p.name not in skip
     )
+
+
+def pass_files() -> frozenset[Path]:
+    """The source files `identity` covers: the modules of the passes."""
+    return frozenset(Path(inspect.getfile(p.fn)).resolve() for p in PASSES)
 
 
 def _setting(options: Any, name: str) -> Any:

@@ -67,7 +67,7 @@ def assert_dumped_rewrite(tmp_path, option: str, rewrites: dict, added: tuple, r
 def assert_option_validated_and_keyed(option: str):
     """`fusion.<option>` is off by default, refuses a non-bool, and is in the cache key."""
     off, on = Options.from_user({}), Options.from_user({"fusion": {option: True}})
-    assert pipeline.fingerprint(on) != pipeline.fingerprint(off)
+    assert pipeline.identity(on) != pipeline.identity(off)
     assert on.cache_key_entries() != off.cache_key_entries()
     assert getattr(off.fusion, option) is False
     with pytest.raises(OptionError, match=option):

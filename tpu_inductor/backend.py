@@ -44,7 +44,7 @@ def tpu_inductor(
     from tpu_inductor.cache import (
         aot_autograd as autograd_cache,  # imports torch._inductor: not at module import
     )
-    from tpu_inductor.compile_fx import compile_graph
+    from tpu_inductor.compile_fx import compile_graph, load_cached
 
     # AOTAutograd's graphs take the Dynamo graph's own parameters and buffers (an optimizer
     # step's) first, in aot_module_simplified's order, then its inputs.
@@ -104,7 +104,9 @@ def tpu_inductor(
     # instead of graph inputs that AOTAutograd fills with None at run time.
     with (
         torch._functorch.config.patch(unlift_effect_tokens=True),
-        autograd_cache.active(opts) if use_autograd_cache else contextlib.nullcontext(),
+        autograd_cache.active(opts, load_cached)
+        if use_autograd_cache
+        else contextlib.nullcontext(),
         decompositions.tracing(),
     ):
         return aot_autograd(

@@ -19,9 +19,9 @@ from tpu_inductor.version import __version__
 
 # Modules of this package that add subcommands (each: add_subcommands(commands)).
 SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "cache.stores",
+    "cache.cli",
     "aot.cli",
-    "bench.harness",
+    "bench.cli",
     "bench.shapes",
     "debug.report",
 )

@@ -1,22 +1,26 @@
 """The one place that orders the stages, for every caller: torch.compile's forward, backward
 and inference graphs (`compile_graph`), the AOT compiler's graphs (`compile_artifact_graph`),
-and torch's AOTAutogradCache (cached_compile.load_cached: stage 5's lookup only).
+and torch's AOTAutogradCache (`load_cached`: the cache lookup and the wrap only).
 
 Per ATen graph:
-  1 passes     passes.pipeline on the WHOLE graph with a PassContext (cleanup → shapes)
+  1 passes     passes.pipeline on the WHOLE graph with a PassContext (cleanup → shapes → ...)
   2 partition  partition.py: supported nodes → compiled regions; the rest → eager torch
-  3 specialize passes.shapes.concretize, per input signature (dispatch.SizeDispatch when sizes
-               are symbolic; the value-only integers the shape pass marked are module inputs)
-  4 lower      tpu_inductor.lowering.lower (or its torch-mlir frontend): StableHLO
-  5 compile    the compile cache (memory, disk) or PJRT, then stored   } cached_compile.py
-  6 wrap       compiled_graph.CompiledGraph: torch in → device → torch out     }
+  3 specialize per input signature (size_dispatch.SizeDispatch when sizes are symbolic): its
+               cache key (cache/key.py), then the compile cache (cache/lookup.find)
+  4 lower      on a miss: passes.shapes.concretize, then tpu_inductor.lowering.lower (or its
+               torch-mlir frontend): StableHLO
+  5 compile    PJRT, then cache/lookup.store
+  6 wrap       compiled_graph.CompiledGraph: torch in → device → torch out
 
-A GraphObserver (debug.py) sees stages 1-2 of a graph and opens one CompileRecord per compile,
-whose `run(stage, fn)` times stages 3-5 and dumps what they made.
+Each stage is a function that takes values and returns them; none calls back into this module.
+A GraphObserver (debug/records.py) sees stages 1-2 of a graph and opens one CompileRecord per
+compile, whose `run(stage, fn)` times stages 4-5 and dumps what they made.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -25,8 +29,7 @@ from typing import Any
 import torch
 
 from tpu_inductor import lowering, partition
-from tpu_inductor.cache import lookup as cached_compile
-from tpu_inductor.cache import stores as cache
+from tpu_inductor.cache import key, lookup
 from tpu_inductor.config import Options
 from tpu_inductor.debug import records as debug
 from tpu_inductor.exc import CompileError
@@ -35,6 +38,7 @@ from tpu_inductor.passes.context import PassContext
 from tpu_inductor.runtime import buckets as bucketing
 from tpu_inductor.runtime import compiled_graph, devices, eager_graph, hoisted
 from tpu_inductor.runtime import size_dispatch as dispatch
+from tpu_inductor.sharding import collectives
 from tpu_inductor.sharding import shard as sharding
 
 log = logging.getLogger(__name__)
@@ -67,7 +71,7 @@ def compile_graph(
         observer = debug.GraphObserver(debug.graph_name(kind), options)
         observer.graph(f"aten_{kind}", gm)
         gm = _passes(gm, example_inputs, options, device.lowering_platform, observer, placements)
-        layout = gm.meta.get("sharding")
+        layout = annotate_sharding.layout_of(gm)
         if layout is not None:
             device = devices.mesh_device(device.platform, layout.mesh.axes)
         missing = partition.missing(gm, options, device.lowering_platform)
@@ -127,19 +131,44 @@ def artifact_passes(gm, inputs, options: Options, *, name: str, platform: str) -
 
 
 def compile_artifact_bucket(passed: tuple, inputs, options: Options, *, device, mesh=None):
-    """Stages 3-5 of an `artifact_passes` graph at concrete `inputs` (its value-only inputs,
+    """Stages 3-6 of an `artifact_passes` graph at concrete `inputs` (its value-only inputs,
     a bucketed graph's true sizes, given as 0-d tensors): (lowered module, executable or None)."""
     gm, observer, platform = passed
     shardings = None if mesh is None else lowering.Shardings(*mesh)
+    graph = _graph(gm, options, device, observer, platform=platform, shardings=shardings)
     scalars = shapes.value_only_inputs(gm)
-    specializer = _Specializer(gm, options, device, (), observer, platform, shardings)
     if device is None:
-        record = observer.record(dispatch.input_signature(inputs), specializer.fingerprint)
-        lowered = specializer.lower(inputs, scalars, record)
+        record = observer.record(dispatch.input_signature(inputs), graph.fingerprint)
+        lowered = _lower(graph, inputs, scalars, _shardings(graph, inputs), record)
         debug.finish(record)
         return lowered, None
-    compiled = specializer(inputs, scalars)
+    compiled = _specialize(graph, inputs, scalars)
     return compiled.lowered, compiled.executable
+
+
+def load_cached(
+    kind: str,
+    graph_key: key.CacheKey,
+    static_inputs: Sequence[int],
+    example_inputs: Sequence[Any],
+    options: Options,
+    roles: compiled_graph.GraphRoles | None = None,
+) -> compiled_graph.CompiledGraph | None:
+    """torch's AOTAutogradCache's way in: a graph an earlier process compiled, from the compile
+    cache only (None if absent). AOTAutogradCache keeps `graph_key` and not the graph: the rest
+    of the key is this process's (options, passes, environment)."""
+    device = devices.select_device(options.device)
+    observer = debug.GraphObserver(debug.graph_name(kind), options)
+    record = observer.record(dispatch.input_signature(example_inputs))
+    record.cache["aot_autograd"] = "hit"
+    record.cache["stages_skipped"] = "ATen graph and passes: nothing was traced in this process"
+    compile_key = key.for_compile(graph_key, options, device)
+    found = lookup.find(compile_key, options, device, record)
+    if found is None:
+        record.status, record.error = "failed", "not in the compile cache: compiled again"
+        return None
+    roles = _kept_roles(roles, options)
+    return _wrap(found, graph_key, compile_key, device, options, static_inputs, roles, record)
 
 
 def _passes(
@@ -161,15 +190,16 @@ def _compile_whole(
     gm, example_inputs, observer, options: Options, device, static_inputs, roles=None
 ):
     """Stages 3-6 of a graph compiled whole (or a region): at its sizes when they are concrete,
-    else per signature of the calls."""
-    specializer = _Specializer(
-        gm, options, device, static_inputs, observer, roles=roles, donate=device.holds_copies
+    else per signature of the calls (the runtime's size dispatch, or its buckets)."""
+    graph = _graph(
+        gm, options, device, observer, static_inputs, roles=roles, donate=device.holds_copies
     )
     if example_inputs is not None and all(dispatch.is_concrete(v) for v in example_inputs):
-        return specializer(example_inputs)
+        return _specialize(graph, example_inputs)
     scalars = shapes.value_only_inputs(gm)
-    sizes = dispatch.SizeDispatch(specializer, observer.name, scalars, options.shapes.max_compiles)
-    layout = gm.meta.get("bucketing")
+    specialize = functools.partial(_specialize, graph)
+    sizes = dispatch.SizeDispatch(specialize, observer.name, scalars, options.shapes.max_compiles)
+    layout = bucket_shapes.layout_of(gm)
     if isinstance(layout, bucket_shapes.Refusal):
         observer.bucketing = {"refused": layout.reason}
     if isinstance(layout, bucket_shapes.BucketLayout):
@@ -181,7 +211,7 @@ def _hoisted_split(gm, kind: str, static_inputs, inputs: int) -> hoist_weights.S
     """An inference graph's work on its parameters alone, split out to be done once per
     parameter version (a training graph's parameters change every call: done in the graph).
     Not over a mesh: each graph there splits its own arguments over the devices."""
-    if kind != "inference" or gm.meta.get("sharding") is not None:
+    if kind != "inference" or annotate_sharding.layout_of(gm) is not None:
         return None
     return hoist_weights.split(gm, frozenset(static_inputs), inputs)
 
@@ -208,128 +238,175 @@ def _concrete_signature(inputs: Sequence[Any]) -> tuple | None:
     return dispatch.input_signature(inputs) if concrete else None
 
 
-class _Specializer:
-    """Stages 3-6 for one set of concrete input sizes, through the compile cache."""
+@dataclasses.dataclass(frozen=True)
+class _Graph:
+    """A graph after its passes, as stages 3-6 compile it at each set of sizes asked for."""
 
-    def __init__(
-        self,
+    gm: torch.fx.GraphModule
+    options: Options
+    device: devices.Device | None
+    platform: str
+    observer: debug.GraphObserver
+    static_inputs: tuple[int, ...]
+    roles: compiled_graph.GraphRoles
+    separate: frozenset[int]  # outputs the module returns as results of their own
+    donate: bool  # the buffers it writes go to the executable (lowering's donate_writes)
+    shardings: lowering.Shardings | None  # as given (an artifact's plan), else from the graph
+    fingerprint: str  # the graph entry of its cache key
+
+
+def _graph(
+    gm,
+    options: Options,
+    device,
+    observer,
+    static_inputs=(),
+    *,
+    roles=None,
+    donate=False,
+    platform=None,
+    shardings=None,
+) -> _Graph:
+    """The _Graph of `gm` (`platform`: the device's unless given)."""
+    roles = _kept_roles(roles, options)
+    platform = platform or device.lowering_platform
+    # Saved activations kept on the device get module results of their own (not views), as do
+    # outputs a constraint splits (left split: sharding.split_outputs).
+    saved = roles.saved_outputs if roles.keep_saved else ()
+    separate = frozenset(saved) | sharding.split_outputs(gm)
+    return _Graph(
         gm,
-        options: Options,
-        device: devices.Device | None,
-        static_inputs,
+        options,
+        device,
+        platform,
         observer,
-        platform: str | None = None,
-        shardings: lowering.Shardings | None = None,
-        roles: compiled_graph.GraphRoles | None = None,
-        donate: bool = False,
-    ):
-        self.gm = gm
-        self.donate = donate  # the buffers it writes go to the executable (lower: donate_writes)
-        self.roles = cached_compile.kept_roles(roles, options)
-        # Saved activations kept on the device get module results of their own (not views),
-        # as do outputs a constraint splits (left split: sharding.split_outputs).
-        saved = self.roles.saved_outputs if self.roles.keep_saved else ()
-        self._separate = frozenset(saved) | sharding.split_outputs(gm)
-        self.options = options
-        self.device = device
-        self.static_inputs = tuple(static_inputs)
-        self.observer = observer
-        self.platform = platform or device.lowering_platform
-        self.shardings = shardings
-        self.fingerprint = cache.graph_fingerprint(gm, salt=self._stream)
+        tuple(static_inputs),
+        roles,
+        separate,
+        donate,
+        shardings,
+        key.graph_fingerprint(gm, platform),
+    )
 
-    def _stream(self, node: torch.fx.Node) -> int | None:
-        """What a random node's key folds in (its stream is no position: passes that move it
-        keep it); nothing for the others."""
-        return lowering.rng_stream(node) if lowering.draws_random(node, self.platform) else None
 
-    def __call__(
-        self, inputs: Sequence[Any], scalars: frozenset[int] = frozenset()
-    ) -> compiled_graph.CompiledGraph:
-        """Compiled for `inputs`; `scalars`: positions of integer inputs given as 0-d tensors."""
-        signature = dispatch.input_signature(inputs)
-        entries = [("graph", self.fingerprint), ("inputs", signature)]
-        entries.append(("strides", dispatch.strides(inputs)))
-        shardings = self._shardings_for(inputs)
-        if shardings is not None:
-            entries.append(("shardings", (shardings.axes, shardings.inputs)))
-        if self._separate:
-            entries.append(("separate_outputs", tuple(sorted(self._separate))))
-        if self.donate:
-            entries.append(("donate_writes", True))
-        record = self.observer.record(signature, self.fingerprint)
-        try:
-            compiled = cached_compile.cached_compile(
-                cache.CacheKey.of(entries),
-                self.options,
-                self.device,
-                self.static_inputs,
-                record,
-                lambda: self._lower_and_compile(inputs, scalars, record),
-                self.roles,
-            )
-        except CompileError as error:  # PJRT's fault: the graph still runs, in eager torch
-            if self.options.fallback != "eager":
-                raise
-            log.warning(
-                "tpu_inductor: %s %s runs in eager torch (fallback='eager'); PJRT could not "
-                "compile it: %s",
-                record.graph,
-                record.inputs,
-                error,
-            )
-            return eager_graph.EagerGraph(self.gm, scalars)
-        record.transfers = compiled.transfer_summary()
-        debug.finish(record)
-        return compiled
-
-    def _shardings_for(self, inputs) -> lowering.Shardings | None:
-        """How the module's tensor arguments are split: as given (an artifact's plan), by the
-        graph's placements (annotate_sharding), open for the saved activations a backward
-        takes as the forward left them on the devices, whole on every device for the others
-        (a region of a split graph has none), or None on one device."""
-        layout = self.gm.meta.get("sharding")
-        if self.shardings is not None or (layout is None and not getattr(self.device, "mesh", ())):
-            return self.shardings
-        saved = self.roles.saved_inputs if self.roles.keep_saved else ()
-        return lowering.Shardings(*sharding.module_split(layout, self.device.axes, inputs, saved))
-
-    def lower(self, inputs, scalars: frozenset[int], record: debug.CompileRecord):
-        """Stages 3-4: the graph at the sizes of `inputs`, lowered."""
-        from tpu_inductor.lowering import torch_mlir
-
-        values = [int(v) if i in scalars else v for i, v in enumerate(inputs)]
-        platform, x64 = self.platform, self.options.x64
-
-        def lower():
-            gm = shapes.concretize(self.gm, values)
-            if self.options.lowering == "torch-mlir":
-                return torch_mlir.lower(gm, inputs, platform=platform, x64=x64)
-            return lowering.lower(
-                gm,
-                inputs,
-                platform=platform,
-                x64=x64,
-                scalar_inputs=scalars,
-                shardings=self._shardings_for(inputs),
-                separate_outputs=self._separate,
-                donate_writes=self.donate,
-            )
-
-        with _LOWERING:  # precompile's pool: lowerings (Python) one at a time, compiles overlap
-            return record.run("lower", lower)
-
-    def _lower_and_compile(self, inputs, scalars, record: debug.CompileRecord):
-        dispatch.check_compile_allowed(record.graph, record.inputs, record.bucketing)
-        lowered = self.lower(inputs, scalars, record)
-        executable = record.run(
-            "pjrt_compile", lambda: devices.compile_module(lowered, self.device)
-        )
-        log.info(
-            "tpu_inductor: compiled %s for inputs %s: lower %.2fs, PJRT compile %.2fs",
+def _specialize(graph: _Graph, inputs: Sequence[Any], scalars: frozenset[int] = frozenset()):
+    """Stages 3-6 of `graph` at the sizes of `inputs` (`scalars`: positions of integer inputs
+    given as 0-d tensors): its key, the cache, else lower, compile and store; then wrapped. A
+    PJRT fault under fallback="eager" leaves the graph to eager torch, with a warning."""
+    options, device = graph.options, graph.device
+    record = graph.observer.record(dispatch.input_signature(inputs), graph.fingerprint)
+    shardings = _shardings(graph, inputs)
+    graph_key = key.for_graph(
+        graph.fingerprint,
+        inputs,
+        shardings=shardings,
+        separate_outputs=graph.separate,
+        donate_writes=graph.donate,
+    )
+    compile_key = key.for_compile(graph_key, options, device)
+    try:
+        found = lookup.find(compile_key, options, device, record)
+        if found is None:
+            dispatch.check_compile_allowed(record.graph, record.inputs, record.bucketing)
+            found = _compile(_lower(graph, inputs, scalars, shardings, record), device, record)
+            lookup.store(compile_key, found, options, device, record)
+    except CompileError as error:  # PJRT's fault: the graph still runs, in eager torch
+        if options.fallback != "eager":
+            raise
+        log.warning(
+            "tpu_inductor: %s %s runs in eager torch (fallback='eager'); PJRT could not "
+            "compile it: %s",
             record.graph,
             record.inputs,
-            record.timings["lower"],
-            record.timings["pjrt_compile"],
+            error,
         )
-        return executable, lowered
+        return eager_graph.EagerGraph(graph.gm, scalars)
+    static = graph.static_inputs
+    return _wrap(found, graph_key, compile_key, device, options, static, graph.roles, record)
+
+
+def _shardings(graph: _Graph, inputs) -> lowering.Shardings | None:
+    """How the module's tensor arguments are split: as given (an artifact's plan), by the
+    graph's placements (annotate_sharding), open for the saved activations a backward
+    takes as the forward left them on the devices, whole on every device for the others
+    (a region of a split graph has none), or None on one device."""
+    layout = annotate_sharding.layout_of(graph.gm)
+    if graph.shardings is not None or (layout is None and not getattr(graph.device, "mesh", ())):
+        return graph.shardings
+    saved = graph.roles.saved_inputs if graph.roles.keep_saved else ()
+    return lowering.Shardings(*sharding.module_split(layout, graph.device.axes, inputs, saved))
+
+
+def _lower(graph: _Graph, inputs, scalars, shardings, record: debug.CompileRecord):
+    """Stage 4: the graph at the sizes of `inputs`, lowered to a StableHLO module."""
+    from tpu_inductor.lowering import torch_mlir
+
+    values = [int(v) if i in scalars else v for i, v in enumerate(inputs)]
+    platform, x64 = graph.platform, graph.options.x64
+
+    def lower():
+        gm = shapes.concretize(graph.gm, values)
+        if graph.options.lowering == "torch-mlir":
+            return torch_mlir.lower(gm, inputs, platform=platform, x64=x64)
+        return lowering.lower(
+            gm,
+            inputs,
+            platform=platform,
+            x64=x64,
+            scalar_inputs=scalars,
+            shardings=shardings,
+            separate_outputs=graph.separate,
+            donate_writes=graph.donate,
+        )
+
+    with _LOWERING:  # precompile's pool: lowerings (Python) one at a time, compiles overlap
+        return record.run("lower", lower)
+
+
+def _compile(lowered, device: devices.Device, record: debug.CompileRecord) -> tuple[Any, Any]:
+    """Stage 5: PJRT's executable of a lowered module: (executable, lowered module)."""
+    executable = record.run("pjrt_compile", lambda: devices.compile_module(lowered, device))
+    log.info(
+        "tpu_inductor: compiled %s for inputs %s: lower %.2fs, PJRT compile %.2fs",
+        record.graph,
+        record.inputs,
+        record.timings["lower"],
+        record.timings["pjrt_compile"],
+    )
+    return executable, lowered
+
+
+def _wrap(found, graph_key, compile_key, device, options: Options, static_inputs, roles, record):
+    """Stage 6: the executable with torch's calling convention; the record closed."""
+    executable, lowered = found
+    if lowered.shardings is not None and compile_key is not None:  # over a mesh: what it sends
+        record.communication = collectives.report(executable, device, compile_key.digest)
+    # Inputs the graph writes (a buffer, a cache passed in) are state too: their device copy,
+    # written by this call, serves the next one (residency.mirrors).
+    mutated = tuple(position for position, _ in lowered.mutations)
+    static = tuple(dict.fromkeys((*static_inputs, *mutated))) if options.resident_params else ()
+    compiled = compiled_graph.CompiledGraph(executable, lowered, device, static, graph_key, roles)
+    record.transfers = compiled.transfer_summary()
+    debug.finish(record)
+    return compiled
+
+
+def _kept_roles(
+    roles: compiled_graph.GraphRoles | None, options: Options
+) -> compiled_graph.GraphRoles:
+    """`roles`, with no saved output kept on the device under `saved_on_device=False`, and
+    written state and gradients left on the device under `host_sync="explicit"` (where host
+    storages can be marked stale here: else with a warning, brought up to date each call)."""
+    roles = roles or compiled_graph.GraphRoles()
+    defer = options.host_sync == "explicit" and _can_defer()
+    return dataclasses.replace(roles, keep_saved=options.saved_on_device, defer_host=defer)
+
+
+@functools.cache
+def _can_defer() -> bool:
+    from tpu_inductor.runtime.host_sync import host_sync
+
+    why = host_sync.available()
+    if why is not None:
+        log.warning("%s Host copies are brought up to date after each call instead.", why)
+    return why is None

@@ -6,8 +6,11 @@ default. A knob may be a small frozen record (`shapes: ShapeOptions`), given as 
 of its fields (the rest keep their defaults) or as the record itself, and checked field by field
 by the same `_check` as the scalars. An environment value that starts with `{`, `[` or `"` is
 read as JSON (a record is always a JSON object); any other is the plain form (`1`/`0`, names
-separated by commas, an integer, a text). Knobs listed in `NOT_IN_CACHE_KEY` (dotted paths for
-a record's fields) do not change what is compiled.
+separated by commas, an integer, a text).
+
+Whether a knob changes what is compiled is declared on its field: `_knob(..., in_key=False)`
+keeps it out of the compile-cache key (`cache_key_entries`, which cache/key.py reads); every
+other knob is in it, so a new option that changes the code needs nothing but its declaration.
 """
 
 from __future__ import annotations
@@ -21,12 +24,19 @@ from typing import Any
 from tpu_inductor.exc import OptionError
 
 
-def _knob(default: Any, *, choices: tuple[str, ...] = (), minimum: int = 0, unset: str = "") -> Any:
+def _knob(
+    default: Any,
+    *,
+    choices: tuple[str, ...] = (),
+    minimum: int = 0,
+    unset: str = "",
+    in_key: bool = True,
+) -> Any:
     """A field's default and what `_check` allows beyond its type: `choices` for a text,
-    `minimum` for an integer, and for a path what leaving it unset means (`unset`)."""
-    return dataclasses.field(
-        default=default, metadata={"choices": choices, "minimum": minimum, "unset": unset}
-    )
+    `minimum` for an integer, and for a path what leaving it unset means (`unset`).
+    `in_key=False`: the knob never changes the compiled program (it stays out of the cache key)."""
+    metadata = {"choices": choices, "minimum": minimum, "unset": unset, "in_key": in_key}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,12 +56,12 @@ class ShapeOptions:
     multiple: int = _knob(128, minimum=1)
     sizes: tuple[int, ...] = ()
     # "auto": the plan file (sizes seen, boundaries chosen); None: kept in this process only.
-    plan: str | None = _knob(None, unset="to keep the plan in this process only")
+    plan: str | None = _knob(None, unset="to keep the plan in this process only", in_key=False)
     # What fills the padding: "zeros", or "nan" / "inf" (NaN / +inf, and the largest integer)
     # to prove in a test that no padded value reaches a real result.
-    pad_with: str = _knob("zeros", choices=("zeros", "nan", "inf"))
+    pad_with: str = _knob("zeros", choices=("zeros", "nan", "inf"), in_key=False)
     # Concrete-size compiles kept per graph; past it the least recently used one is dropped.
-    max_compiles: int = _knob(64, minimum=1)
+    max_compiles: int = _knob(64, minimum=1, in_key=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,36 +103,39 @@ class Options:
     """Validated options of one `torch.compile(..., backend="tpu_inductor")` call."""
 
     # PJRT platform to run on; "auto" picks the best present: tpu > gpu > cpu. "cpu-copy": the
-    # CPU, every tensor copied across as on an accelerator (no zero-copy; for tests).
-    device: str = _knob("auto", choices=("auto", "tpu", "gpu", "cpu", "cpu-copy"))
+    # CPU, every tensor copied across as on an accelerator (no zero-copy; for tests). Not in the
+    # key: the key holds the PJRT platform and devices it chooses.
+    device: str = _knob("auto", choices=("auto", "tpu", "gpu", "cpu", "cpu-copy"), in_key=False)
     # What to do with ops that have no lowering: run them in eager torch ("eager"), raise
     # ("error"), or lower their regions with torch-mlir and run in eager what it cannot either.
-    fallback: str = _knob("eager", choices=("eager", "error", "torch-mlir"))
+    # Not in the key: the key holds the graph it leads to (a whole one or a region), so
+    # torch.compile and `tpu-inductor compile` (fallback="error") share entries.
+    fallback: str = _knob("eager", choices=("eager", "error", "torch-mlir"), in_key=False)
     # Frontend that lowers ATen graphs: our rules ("own") or torch-mlir's FX importer (optional).
     lowering: str = _knob("own", choices=("own", "torch-mlir"))
     # 64-bit policy: "keep" computes int64/float64 as torch does; "narrow" lowers them to 32 bits.
     x64: str = _knob("keep", choices=("keep", "narrow"))
     # Keep parameters and buffers on the device between calls, re-sent when their version changes.
-    resident_params: bool = True
+    resident_params: bool = _knob(True, in_key=False)
     # Activations saved for the backward stay on the device (residency.DeviceTensor) instead of
     # crossing to the host and back; eager code that reads one gets its values.
-    saved_on_device: bool = True
+    saved_on_device: bool = _knob(True, in_key=False)
     # When host tensors a graph writes (parameters, optimizer state, caches) and a backward's
     # gradients are brought up to date: after "each_call" (they cross the host link every
     # step), or on "explicit" `tpu_inductor.sync()`: they stay on the device, and eager code
     # that reads one before the sync gets an error that says so (tpu_inductor/host_sync.py).
     # mode="reduce-overhead" makes "explicit" the default.
-    host_sync: str = _knob("each_call", choices=("each_call", "explicit"))
+    host_sync: str = _knob("each_call", choices=("each_call", "explicit"), in_key=False)
     # Passes to skip, by name (for bisecting a miscompile).
     disable_passes: tuple[str, ...] = ()
     # Folder to dump every compile's stages into (graphs, StableHLO, HLO, compile.json); None: off.
-    dump_dir: str | None = _knob(None, unset="to dump nothing")
+    dump_dir: str | None = _knob(None, unset="to dump nothing", in_key=False)
     # Persistent compile cache on disk (executables reused across processes); off with False.
-    cache: bool = True
+    cache: bool = _knob(True, in_key=False)
     # Directory of the persistent cache; None: the user's cache directory (platformdirs).
-    cache_dir: str | None = _knob(None, unset="for the user's cache directory")
+    cache_dir: str | None = _knob(None, unset="for the user's cache directory", in_key=False)
     # Size cap of the persistent cache in MiB; least recently used entries are evicted past it.
-    cache_max_mb: int = 2048
+    cache_max_mb: int = _knob(2048, in_key=False)
     # Symbolic sizes: the shape policy and how many concrete-size compiles a graph keeps.
     shapes: ShapeOptions = ShapeOptions()
     # Fusion passes, each switchable (passes/fuse_attention.py, passes/fuse_matmuls.py).
@@ -141,7 +154,7 @@ class Options:
                 f"{', '.join(map(repr, MODES))} (tune with options={{...}} instead)."
             )
         given = options or {}
-        from_env = _env_values(skip=given)
+        from_env = _env_values(cls, skip=given)
         if mode == "reduce-overhead" and "host_sync" not in {*given, *from_env}:
             from_env["host_sync"] = "explicit"
         items = [(k, v, _Where((k,), env=True)) for k, v in from_env.items()]
@@ -157,31 +170,10 @@ class Options:
         return options
 
     def cache_key_entries(self) -> dict[str, Any]:
-        """The options that change compiled code, for the compile cache key: keys sorted, each
-        record a plain dict of its own such fields (so the whole is JSON-able)."""
-        return _key_entries(self, "")
-
-
-# Knobs that never change the compiled program; a record's fields as "knob.field". `device`
-# and `fallback` decide where and which graphs are compiled, and the key holds those already
-# (the PJRT platform and devices; the graph, a whole one or a region), so torch.compile and
-# `tpu-inductor compile` (which asks for fallback="error" and names its platform) share entries.
-NOT_IN_CACHE_KEY = frozenset(
-    {
-        "resident_params",
-        "saved_on_device",
-        "host_sync",
-        "cache",
-        "cache_dir",
-        "cache_max_mb",
-        "dump_dir",
-        "shapes.max_compiles",
-        "shapes.plan",
-        "shapes.pad_with",
-        "device",
-        "fallback",
-    }
-)
+        """The options that change compiled code (every field not declared `in_key=False`), for
+        the compile cache key: keys sorted, each record a plain dict of its own such fields (so
+        the whole is JSON-able)."""
+        return _key_entries(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,13 +198,12 @@ def _is_record(f: dataclasses.Field) -> bool:
     return dataclasses.is_dataclass(f.default)
 
 
-def _key_entries(record: Any, prefix: str) -> dict[str, Any]:
+def _key_entries(record: Any) -> dict[str, Any]:
     entries = {}
     for f in sorted(dataclasses.fields(record), key=lambda f: f.name):
-        path = prefix + f.name
-        if path not in NOT_IN_CACHE_KEY:
+        if f.metadata.get("in_key", True):
             value = getattr(record, f.name)
-            entries[f.name] = _key_entries(value, path + ".") if _is_record(f) else value
+            entries[f.name] = _key_entries(value) if _is_record(f) else value
     return entries
 
 
@@ -220,10 +211,11 @@ def _env_name(name: str) -> str:
     return f"TPU_INDUCTOR_{name.upper()}"
 
 
-def _env_values(skip: Iterable[str] = ()) -> dict[str, Any]:
-    """The options set by `TPU_INDUCTOR_<NAME>` environment variables, but those in `skip`."""
+def _env_values(cls: type, skip: Iterable[str] = ()) -> dict[str, Any]:
+    """The knobs of `cls` set by `TPU_INDUCTOR_<NAME>` environment variables, but those in
+    `skip`."""
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(Options):
+    for f in dataclasses.fields(cls):
         raw = None if f.name in skip else os.environ.get(_env_name(f.name))
         if raw is not None:
             values[f.name] = _parse_env(f, raw)

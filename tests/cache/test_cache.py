@@ -16,8 +16,10 @@ import torch
 
 from tests.helpers import assert_same, compile_aten
 from tpu_inductor import cli
+from tpu_inductor.cache import lookup
 from tpu_inductor.cache import stores as cache
-from tpu_inductor.config import NOT_IN_CACHE_KEY, Options
+from tpu_inductor.cache.key import CacheKey, for_graph, sha256, xla_flags
+from tpu_inductor.config import Options
 from tpu_inductor.debug import records as debug
 from tpu_inductor.exc import CacheError
 
@@ -46,23 +48,25 @@ def _entry_dirs(directory):
 
 
 def test_key_entries_hash_separately_and_explain_names_the_difference():
-    a = cache.CacheKey.of([("graph", "g"), ("inputs", ((4,), "f32")), ("options", {"x": 1})])
-    same = cache.CacheKey.of([("graph", "g"), ("inputs", ((4,), "f32")), ("options", {"x": 1})])
-    b = cache.CacheKey.of([("graph", "g"), ("inputs", ((5,), "f32")), ("options", {"x": 1})])
+    a = CacheKey.of([("graph", "g"), ("inputs", ((4,), "f32")), ("options", {"x": 1})])
+    same = CacheKey.of([("graph", "g"), ("inputs", ((4,), "f32")), ("options", {"x": 1})])
+    b = CacheKey.of([("graph", "g"), ("inputs", ((5,), "f32")), ("options", {"x": 1})])
     assert a.digest == same.digest and a.digest != b.digest
     assert a.explain(b) == ["inputs"]
     assert a.explain(same) == []
 
 
 def test_unhashable_entry_bypasses_the_cache():
+    assert for_graph("g", [object()]) is None  # an input with no stable text: no key
     bypass = cache.counters["bypass"]
-    value = cache.memory_cache.get_or_compile([("thing", object())], lambda: 42)
-    assert value == 42 and cache.counters["bypass"] == bypass + 1
+    record = debug.CompileRecord("g", ())
+    assert lookup.find(None, Options(), None, record) is None
+    assert cache.counters["bypass"] == bypass + 1 and record.cache["decision"] == "bypass"
 
 
 def test_environment_entries_ignore_xla_dump_flags(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x --xla_cpu_enable_fast_math=false")
-    assert cache.xla_flags() == ("--xla_cpu_enable_fast_math=false",)
+    assert xla_flags() == ("--xla_cpu_enable_fast_math=false",)
 
 
 def test_cache_knobs_are_not_in_the_key(monkeypatch, tmp_path):
@@ -70,7 +74,7 @@ def test_cache_knobs_are_not_in_the_key(monkeypatch, tmp_path):
     monkeypatch.setenv("TPU_INDUCTOR_CACHE", "0")
     options = Options.from_user()
     assert options.cache_dir == str(tmp_path) and options.cache is False
-    assert {"cache", "cache_dir", "cache_max_mb"} <= NOT_IN_CACHE_KEY
+    assert not {"cache", "cache_dir", "cache_max_mb"} & set(options.cache_key_entries())
     assert Options.from_user(
         {"cache_dir": "/elsewhere", "cache_max_mb": 1}
     ).cache_key_entries() == (options.cache_key_entries())
@@ -117,7 +121,7 @@ def pristine(tmp_path_factory):
     (entry,) = _entry_dirs(directory)
     key = directory / entry.name / cache.MANIFEST
     body = json.loads(key.read_text())["body"]
-    return directory, entry.name, cache.CacheKey(tuple(map(tuple, body["key"]))), record
+    return directory, entry.name, CacheKey(tuple(map(tuple, body["key"]))), record
 
 
 def _mutations(files: dict[str, bytes]):
@@ -143,7 +147,7 @@ def _mutations(files: dict[str, bytes]):
     )
     for field, value in forged_fields:
         body = dict(manifest["body"], **{field: value})
-        forged = {"checksum": cache._sha256(cache._dump(body)), "body": body}  # a valid checksum
+        forged = {"checksum": sha256(cache._dump(body)), "body": body}  # a valid checksum
         yield f"manifest with {field}={value!r}", {cache.MANIFEST: json.dumps(forged).encode()}
     yield "manifest not an object", {cache.MANIFEST: b"[1, 2]"}
 
@@ -187,7 +191,7 @@ def test_entry_of_another_key_is_foreign(pristine, tmp_path):
     source, digest, key, _ = pristine
     other = "f" * 64
     shutil.copytree(source / digest, tmp_path / other)
-    foreign_key = cache.CacheKey((*key.entries[:-1], ("xla_flags", "0" * 64)))
+    foreign_key = CacheKey((*key.entries[:-1], ("xla_flags", "0" * 64)))
     assert foreign_key.digest != digest
     os.rename(tmp_path / other, tmp_path / foreign_key.digest)
     faults = cache.counters["disk_fault"]
@@ -199,7 +203,7 @@ def _forge_key(entry, value):
     """Give the manifest of `entry` another "key" behind a valid checksum."""
     manifest = json.loads((entry / cache.MANIFEST).read_text())
     manifest["body"]["key"] = value
-    manifest["checksum"] = cache._sha256(cache._dump(manifest["body"]))
+    manifest["checksum"] = sha256(cache._dump(manifest["body"]))
     (entry / cache.MANIFEST).write_text(json.dumps(manifest))
 
 
@@ -240,7 +244,7 @@ def test_new_directory_is_private(tmp_path):
 
 def test_size_cap_evicts_least_recently_used(tmp_path):
     disk = cache.DiskCache(tmp_path, max_bytes=2**20)
-    keys = [cache.CacheKey.of([("n", i)]) for i in range(4)]
+    keys = [CacheKey.of([("n", i)]) for i in range(4)]
     for age, key in enumerate(keys[:3]):
         disk.store(key, lambda: ({"blob": b"x" * 1000}, {}), "")
         disk.max_bytes = int(3.5 * disk.entries()[0].size)  # room for three entries
@@ -259,18 +263,16 @@ def test_size_cap_evicts_least_recently_used(tmp_path):
     ids=["no_json_form", "executable_not_serializable"],
 )
 def test_value_without_a_disk_form_is_skipped(tmp_path, caplog, error):
-    """A value with no disk form is compiled and used, not stored: never a crash (PJRT cannot
-    serialize XLA:CPU's sort of complex numbers: that one is a warning)."""
+    """A value with no disk form is not stored (the compiled value is used all the same):
+    never a crash (PJRT cannot serialize XLA:CPU's sort of complex numbers: that one is a
+    warning)."""
     disk = cache.DiskCache(tmp_path, max_bytes=2**20)
 
-    def encode(_value):
+    def encode():
         raise error
 
     skipped = cache.counters["disk_skip"]
-    value = cache.MemoryCache().get_or_compile(
-        [("n", 1)], lambda: "compiled", disk=disk, codec=cache.Codec(encode, None), label="g"
-    )
-    assert value == "compiled"
+    disk.store(CacheKey.of([("n", 1)]), encode, "g")
     assert cache.counters["disk_skip"] == skipped + 1 and not _entry_dirs(tmp_path)
     assert ("LessThan" in caplog.text) == isinstance(error, RuntimeError)
 
@@ -290,7 +292,7 @@ def test_stale_temporary_directories_are_counted_and_removed(tmp_path, capsys):
     live = _leftover(tmp_path, ".tmp-fedcba9876543210-43-0badf00d", 0)  # a writer at work
     assert cli.main(["cache", "--dir", str(tmp_path), "stats"]) == 0
     assert "leftovers: 2 temporary directories" in capsys.readouterr().out
-    disk.store(cache.CacheKey.of([("n", 1)]), lambda: ({"blob": b"x"}, {}), "")
+    disk.store(CacheKey.of([("n", 1)]), lambda: ({"blob": b"x"}, {}), "")
     assert not stale.exists() and not trash.exists() and live.exists()
 
 
@@ -320,9 +322,11 @@ _WORKER = textwrap.dedent(
     """
     import sys, torch
     from tests.helpers import compile_aten
-    from tpu_inductor.cache import stores as cache
+    from tpu_inductor.cache import key
     from tpu_inductor.debug import records as debug
-    cache._source_digest = lambda: "pinned"  # a source edit mid-test must not split the key
+    from tpu_inductor.passes import pipeline
+    key._source_digest = lambda: "pinned"  # a source edit mid-test must not split the key
+    pipeline._module_digest = lambda fn: "pinned"
     torch.manual_seed(0)
     x, y = torch.randn(16, 16), torch.randn(16, 16)
     fn = lambda x, y: torch.tanh(x @ y) * 3 - y
@@ -359,7 +363,7 @@ def test_four_processes_compiling_at_once_leave_one_valid_entry(tmp_path):
     (entry,) = _entry_dirs(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == [entry.name]  # no temporary leftovers
     body = json.loads((entry / cache.MANIFEST).read_text())["body"]
-    key = cache.CacheKey(tuple(map(tuple, body["key"])))
+    key = CacheKey(tuple(map(tuple, body["key"])))
     assert cache.open_disk_cache(tmp_path, 64).load(key, _codec().decode) is not None  # valid
 
 
@@ -417,7 +421,11 @@ def test_memory_level_keeps_the_most_recently_used_entries():
     memory, compiles = cache.MemoryCache(max_entries=2), []
 
     def get(name):
-        return memory.get_or_compile([("graph", name)], lambda: compiles.append(name) or name)
+        graph = CacheKey.of([("graph", name)])
+        if memory.get(graph) is None:
+            compiles.append(name)
+            memory.put(graph, name)
+        return memory.get(graph)
 
     for name in ("a", "b", "a", "c", "a", "b"):  # "c" evicts "b" (a was used since)
         assert get(name) == name

@@ -17,7 +17,8 @@ import torch
 import tpu_inductor
 from tests.helpers import assert_same
 from tpu_inductor import lowering
-from tpu_inductor.cache import stores as cache
+from tpu_inductor.cache import key
+from tpu_inductor.config import Options
 from tpu_inductor.debug import records as debug
 from tpu_inductor.exc import RegistrationError, UnsupportedOpError
 
@@ -140,12 +141,12 @@ def test_an_op_defined_after_its_rule_is_found_by_name():
 def test_user_rules_are_in_the_cache_key():
     """A rule registered (or edited: its source is hashed) is another key."""
     device = tpu_inductor.runtime.devices.select_device()
-    before = dict(cache.environment_entries(device))["user_rules"]
+    before = dict(key.context_entries(Options(), device))["user_rules"]
     assert before == lowering.user_rules_fingerprint() != ""
 
     @tpu_inductor.register_lowering("tpu_inductor_test::keyed")
     def _keyed(x):
         return x
 
-    after = dict(cache.environment_entries(device))["user_rules"]
+    after = dict(key.context_entries(Options(), device))["user_rules"]
     assert after != before

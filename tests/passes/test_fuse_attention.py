@@ -176,7 +176,7 @@ def test_option_is_validated_and_in_the_cache_key():
     from tpu_inductor.exc import OptionError
 
     off, on = Options.from_user({}), Options.from_user({"fusion": {"attention": True}})
-    assert pipeline.fingerprint(on) != pipeline.fingerprint(off)
+    assert pipeline.identity(on) != pipeline.identity(off)
     assert off.cache_key_entries()["fusion"]["attention"] is False  # off by default
     with pytest.raises(OptionError, match="fusion"):
         Options.from_user({"fusion": {"attention": "yes"}})

@@ -3,13 +3,14 @@
 With the compile cache on, the backend hands AOTAutograd its compilers as
 `SerializableAOTDispatchCompiler`s, so AOTAutograd looks its own cache up before tracing. Its key
 covers the Dynamo graph, input metadata, grad and autocast state, torch's version and configs,
-and the graph module's `_backend_id`, which `backend_id` makes a digest of our options, passes,
-sources and PJRT environment. Its entries are pickles under torch's cache directory
+and the graph module's `_backend_id`, which `backend_id` makes the digest of our compile cache
+key's context (key.context_entries: options, the passes' identity, sources, PJRT environment). Its entries are pickles under torch's cache directory
 (TORCHINDUCTOR_CACHE_DIR), bundled with the OutputCode our compilers return: `CachedGraph`.
 
 A CachedGraph pickles the compile-cache key of its graph and input signature, never the
 executable. On a hit, `post_compile` loads the executable from our checksummed, private compile
-cache, under this process's options and environment; when it is not there (evicted, cleared),
+cache, under this process's options and environment, with the loader the backend call gave
+`active` (compile_fx.load_cached); when it is not there (evicted, cleared),
 AOTAutograd counts a bypass and compiles as usual, which stores it again. Graphs that are split
 (ops without a lowering) or have symbolic sizes are not stored: asked to serialize, their
 CachedGraph bypasses AOTAutograd's cache.
@@ -38,8 +39,13 @@ from torch._inductor.output_code import OutputCode
 
 from tpu_inductor.config import Options
 
-# The options of the backend call in progress: AOTAutograd calls `post_compile` inside it.
-_active_options: contextvars.ContextVar[Options] = contextvars.ContextVar("tpu_inductor_options")
+# (kind, graph key, static inputs, example inputs, options, roles) -> the compiled graph or None
+Loader = Callable[..., Any]
+# The backend call in progress, for `post_compile` (AOTAutograd calls it inside): its options
+# and the loader of a cached graph.
+_active: contextvars.ContextVar[tuple[Options, Loader]] = contextvars.ContextVar(
+    "tpu_inductor_active"
+)
 # Whether torch's cache key skips registering Inductor's code generators (see above).
 _skip_codegen_registration: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "tpu_inductor_skip_codegen_registration", default=False
@@ -78,16 +84,16 @@ class CachedGraph(OutputCode):
 
     def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs) -> None:
         """On an AOTAutogradCache hit: load the executable from our compile cache."""
-        from tpu_inductor.cache import lookup as cached_compile
         from tpu_inductor.exc import CacheError
 
-        options = _active_options.get(None)
-        if options is None:
+        active = _active.get(None)
+        if active is None:
             raise CacheError(
                 "tpu_inductor: an AOTAutograd cache entry was loaded outside a tpu_inductor "
                 "backend call (no options to load it under); AOTAutograd compiles it instead"
             )
-        compiled = cached_compile.load_cached(
+        options, load = active
+        compiled = load(
             self.kind, self.graph_key, self.static_inputs, example_inputs, options, self.roles
         )
         if compiled is None:  # AOTAutograd then counts a bypass and compiles
@@ -105,25 +111,20 @@ def enabled(gm: torch.fx.GraphModule, options: Options) -> bool:
 
 
 def backend_id(options: Options) -> str:
-    """What AOTAutograd's key knows of us: options, sources and environment, and the passes
-    that will run on the graph it caches (their names, sources and the options they read)."""
-    from tpu_inductor.cache import lookup as cached_compile
-    from tpu_inductor.cache import stores as cache
-    from tpu_inductor.passes import pipeline
+    """What AOTAutograd's key knows of us: the context of our compile cache's key (options,
+    the passes that will run on the graph it caches, sources and environment)."""
+    from tpu_inductor.cache import key
     from tpu_inductor.runtime import devices
 
     device = devices.select_device(options.device)
-    entries = [
-        *cached_compile.context_entries(options, device),
-        ("passes", pipeline.fingerprint(options)),
-    ]
-    return "tpu_inductor-" + cache.CacheKey.of(entries).digest
+    return "tpu_inductor-" + key.CacheKey.of(key.context_entries(options, device)).digest
 
 
 @contextlib.contextmanager
-def active(options: Options) -> Iterator[None]:
-    """The scope of one backend call: AOTAutograd configured to bundle our graphs."""
-    token = _active_options.set(options)
+def active(options: Options, load: Loader) -> Iterator[None]:
+    """The scope of one backend call: AOTAutograd configured to bundle our graphs, which a
+    cache hit loads with `load` under `options`."""
+    token = _active.set((options, load))
     try:
         with (
             torch._functorch.config.patch(
@@ -133,7 +134,7 @@ def active(options: Options) -> Iterator[None]:
         ):
             yield
     finally:
-        _active_options.reset(token)
+        _active.reset(token)
 
 
 @contextlib.contextmanager

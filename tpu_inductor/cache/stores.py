@@ -1,9 +1,6 @@
-"""The compile cache: a key of named entries → a compiled executable and its call description.
+"""The compile cache's two stores: a key (key.py) → a compiled executable and what calls it.
 
-The key is an ordered list of (name, value) entries, each hashed on its own with sha256 and the
-list hashed again, so that a miss can be explained entry by entry (`explain`).
-
-Two levels. Memory: key digest → value, for the life of the process. Disk (`DiskCache`): one
+Memory: key digest → value, for the life of the process. Disk (`DiskCache`): one
 directory per key digest holding the value's files (serialized executable, StableHLO) and a
 `manifest.json` with the key, a checksum of every file and of the manifest itself. Writes go to
 a temporary directory renamed into place (atomic; of two processes storing one key, one wins).
@@ -14,8 +11,8 @@ executable is code that runs in this process. Size-capped, least recently used e
 temporary directories left by interrupted processes are removed once stale.
 
 `counters` say what happened, for the whole process (tests assert on them): "hit" (memory),
-"disk_hit", "miss" (compiled), "bypass" (unhashable key), "disk_fault", "disk_store",
-"disk_skip" (a value with no disk form), "disk_evict".
+"disk_hit", "miss" (compiled), "bypass" (unhashable key) counted by the lookup (lookup.py), and
+"disk_fault", "disk_store", "disk_skip" (a value with no disk form), "disk_evict" here.
 """
 
 from __future__ import annotations
@@ -23,18 +20,17 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import functools
-import hashlib
 import json
 import logging
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tpu_inductor import files
+from tpu_inductor.cache.key import CacheKey, sha256
 from tpu_inductor.exc import CacheError
 from tpu_inductor.runtime.lru import RecentlyUsed
 
@@ -51,203 +47,23 @@ _STALE_SECONDS = 15 * 60
 _DIGEST = re.compile(r"[0-9a-f]{64}")  # the name of an entry's directory
 
 
-@dataclasses.dataclass(frozen=True)
-class CacheKey:
-    """An ordered list of named entries and their hashes."""
-
-    entries: tuple[tuple[str, str], ...]  # (name, sha256 of the entry's canonical text)
-
-    @classmethod
-    def of(cls, entries: Sequence[tuple[str, Any]]) -> CacheKey:
-        return cls(tuple((name, _sha256(_canonical(value))) for name, value in entries))
-
-    @property
-    def digest(self) -> str:
-        return _sha256("\n".join(f"{n}={h}" for n, h in self.entries))
-
-    def explain(self, other: CacheKey) -> list[str]:
-        """The names of the entries whose values differ between two keys."""
-        mine, theirs = dict(self.entries), dict(other.entries)
-        return [n for n in dict.fromkeys([*mine, *theirs]) if mine.get(n) != theirs.get(n)]
-
-
-class UnhashableEntry(TypeError):
-    """A key entry whose value has no stable text form: the cache is bypassed."""
-
-
-def _canonical(value: Any) -> str:
-    if value is None or isinstance(value, (bool, int, float, str, bytes)):
-        return repr(value)
-    if isinstance(value, (tuple, list)):
-        return "[" + ",".join(_canonical(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{_canonical(k)}:{_canonical(v)}" for k, v in value.items()) + "}"
-    text = repr(value)
-    if " at 0x" in text:  # an object identity, not a value
-        raise UnhashableEntry(f"cannot hash {type(value).__name__} for the cache key: {text}")
-    return text
-
-
-def _sha256(text: str | bytes) -> str:
-    data = text.encode() if isinstance(text, str) else text
-    return hashlib.sha256(data).hexdigest()
-
-
 # ---------------------------------------------------------------------------------------------
-# Key entries that describe the environment (the graph-specific ones come from compile_fx).
-
-
-def environment_entries(device) -> list[tuple[str, Any]]:
-    """Versions, source (ours and the rules users registered), PJRT platform and devices, XLA
-    flags: what else changes the binary."""
-    from tpu_inductor import lowering
-
-    client = device.client
-    return [
-        ("versions", _versions()),
-        ("source", _source_digest()),
-        ("user_rules", lowering.user_rules_fingerprint()),
-        ("pjrt", (client.platform, client.platform_version)),
-        ("devices", (device.kind, len(client.devices()))),
-        ("xla_flags", xla_flags()),
-    ]
-
-
-def _versions() -> tuple[str, ...]:
-    import jax
-    import jaxlib
-    import torch
-
-    from tpu_inductor.version import __version__
-
-    return (torch.__version__, jax.__version__, jaxlib.__version__, __version__)
-
-
-@functools.cache
-def _source_digest() -> str:
-    """sha256 of this package's Python sources: an edited lowering rule is a different key."""
-    from tpu_inductor import lowering, passes
-
-    digest = hashlib.sha256()
-    package = Path(__file__).resolve().parents[1]  # tpu_inductor/, every room of it
-    for root in sorted({package, *map(Path, lowering.__path__), *map(Path, passes.__path__)}):
-        for path in sorted(root.rglob("*.py")):
-            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
-
-
-def graph_fingerprint(gm, salt: Callable[[Any], Any] = lambda _node: None) -> str:
-    """A graph's computation, whatever its nodes are named: each node by its position, op,
-    target and arguments (other nodes by position) and `salt(node)` (what else its lowering
-    reads, e.g. a random op's stream), and its tensor constants' data. Dynamo's and
-    torch.export's traces of one program name their inputs differently; they key alike."""
-    import torch
-
-    position: dict = {}
-    digest = hashlib.sha256()
-    for node in gm.graph.nodes:
-        position[node] = len(position)
-        args = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: f"%{position[n]}")
-        target = "" if node.op in ("placeholder", "get_attr") else _target_name(node.target)
-        digest.update(f"{node.op} {target} {args!r} {salt(node)!r}\n".encode())
-        if node.op == "get_attr":
-            value = gm
-            for part in node.target.split("."):
-                value = getattr(value, part)
-            if isinstance(value, torch.Tensor):
-                data = value.detach().cpu().contiguous()
-                digest.update(f"{data.dtype}:{tuple(data.shape)}".encode())
-                raw = data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b""
-                digest.update(raw)
-    return digest.hexdigest()
-
-
-def _target_name(target) -> str:
-    from torch._ops import OpOverload
-
-    if isinstance(target, OpOverload):
-        return str(target)
-    return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', target)!s}"
-
-
-def xla_flags() -> tuple[str, ...]:
-    """XLA_FLAGS less the dump flags, which do not change the compiled program."""
-    flags = os.environ.get("XLA_FLAGS", "").split()
-    return tuple(f for f in flags if not f.startswith("--xla_dump"))
-
-
-# ---------------------------------------------------------------------------------------------
-# The memory level and the lookup through both levels.
-
-
-@dataclasses.dataclass(frozen=True)
-class Codec:
-    """How a compiled value crosses to disk: value → (files, JSON meta) and back."""
-
-    encode: Callable[[Any], tuple[dict[str, bytes], dict[str, Any]]]
-    decode: Callable[[dict[str, bytes], dict[str, Any]], Any]
+# The memory level.
 
 
 class MemoryCache:
-    """key digest → compiled value, the `max_entries` most recently used; optionally backed by
-    disk. (A value also lives as long as a compiled graph uses it.)"""
+    """key digest → compiled value, the `max_entries` most recently used. (A value also lives
+    as long as a compiled graph uses it.)"""
 
     def __init__(self, max_entries: int = 128) -> None:
         self._entries = RecentlyUsed(max_entries)
 
-    def get_or_compile(
-        self,
-        entries: Sequence[tuple[str, Any]] | CacheKey,
-        compile_fn: Callable[[], Any] | None,
-        *,
-        disk: DiskCache | None = None,
-        codec: Codec | None = None,
-        info: dict[str, Any] | None = None,
-        stage: Callable[[str], Any] = lambda _name: contextlib.nullcontext(),
-        label: str = "",
-    ):
-        """The cached value for `entries` (or a key), from memory, then disk, else `compile_fn()`.
+    def get(self, key: CacheKey) -> Any:
+        """The value stored for `key`, or None."""
+        return self._entries.get(key.digest)
 
-        `info` receives the decision ("memory_hit", "disk_hit", "miss", "bypass") and the key
-        digest; `stage(name)` times the "cache_load" and "cache_store" stages. Without a
-        `compile_fn` a miss returns None.
-        """
-        info = {} if info is None else info
-        try:
-            key = entries if isinstance(entries, CacheKey) else CacheKey.of(entries)
-        except UnhashableEntry as e:
-            counters["bypass"] += 1
-            info["decision"] = "bypass"
-            log.debug("compile cache bypassed: %s", e)
-            return compile_fn()
-        info["key"] = key.digest
-        value = self._entries.get(key.digest)
-        if value is not None:
-            counters["hit"] += 1
-            info["decision"] = "memory_hit"
-            if disk is not None and codec is not None and not disk.holds(key):
-                with stage("cache_store"):  # compiled while the disk cache was off
-                    disk.store(key, lambda: codec.encode(value), label)
-            return value
-        if disk is not None and codec is not None:
-            info["dir"] = str(disk.directory)
-            with stage("cache_load"):
-                value = disk.load(key, codec.decode)
-            if value is not None:
-                counters["disk_hit"] += 1
-                info["decision"] = "disk_hit"
-                self._entries.put(key.digest, value)
-                return value
-        counters["miss"] += 1
-        info["decision"] = "miss"
-        if compile_fn is None:
-            return None
-        value = compile_fn()
+    def put(self, key: CacheKey, value: Any) -> None:
         self._entries.put(key.digest, value)
-        if disk is not None and codec is not None:
-            with stage("cache_store"):
-                disk.store(key, lambda: codec.encode(value), label)
-        return value
 
     def clear(self) -> None:
         self._entries.clear()
@@ -258,6 +74,14 @@ memory_cache = MemoryCache()
 
 # ---------------------------------------------------------------------------------------------
 # The disk level.
+
+
+@dataclasses.dataclass(frozen=True)
+class Codec:
+    """How a compiled value crosses to disk: value → (files, JSON meta) and back."""
+
+    encode: Callable[[Any], tuple[dict[str, bytes], dict[str, Any]]]
+    decode: Callable[[dict[str, bytes], dict[str, Any]], Any]
 
 
 class _Fault(Exception):
@@ -377,10 +201,10 @@ class DiskCache:
                 "digest": key.digest,
                 "key": [list(entry) for entry in key.entries],
                 "label": label,
-                "files": {n: {"sha256": _sha256(d), "size": len(d)} for n, d in contents.items()},
+                "files": {n: {"sha256": sha256(d), "size": len(d)} for n, d in contents.items()},
                 "meta": meta,
             }
-            manifest = {"checksum": _sha256(_dump(body)), "body": body}
+            manifest = {"checksum": sha256(_dump(body)), "body": body}
             (temp / MANIFEST).write_text(json.dumps(manifest, indent=1))
             if not files.publish(temp, self.directory / key.digest, replace=False):
                 return  # another process stored this key first: theirs is kept
@@ -518,7 +342,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         body, checksum = manifest["body"], manifest["checksum"]
     except (ValueError, KeyError, TypeError) as e:
         raise _Fault(f"malformed manifest: {type(e).__name__}: {e}") from e
-    if not isinstance(body, dict) or _sha256(_dump(body)) != checksum:
+    if not isinstance(body, dict) or sha256(_dump(body)) != checksum:
         raise _Fault("manifest checksum mismatch")
     if body.get("format") != FORMAT:
         raise _Fault(f"entry format {body.get('format')!r}, this version reads {FORMAT}")
@@ -546,81 +370,6 @@ def _read_checked(path: Path, meta: Any) -> bytes:
     data = path.read_bytes()
     if not isinstance(meta, dict) or len(data) != meta.get("size"):
         raise _Fault(f"{path.name} has {len(data)} bytes, the manifest says {meta!r}")
-    if _sha256(data) != meta.get("sha256"):
+    if sha256(data) != meta.get("sha256"):
         raise _Fault(f"{path.name} checksum mismatch")
     return data
-
-
-# ---------------------------------------------------------------------------------------------
-# `tpu-inductor cache stats | ls | clear | explain A B`
-
-
-def add_subcommands(commands) -> None:
-    """Add the `cache` command group to the `tpu-inductor` parser."""
-    parser = commands.add_parser("cache", help="inspect or clear the persistent compile cache")
-    parser.add_argument(
-        "--dir", help="cache directory (default: TPU_INDUCTOR_CACHE_DIR or the user cache)"
-    )
-    actions = parser.add_subparsers(dest="action", required=True)
-    actions.add_parser("stats", help="entries, total size and the size cap").set_defaults(
-        run=_cli_stats
-    )
-    actions.add_parser("ls", help="list entries, least recently used first").set_defaults(
-        run=_cli_ls
-    )
-    actions.add_parser("clear", help="remove every entry").set_defaults(run=_cli_clear)
-    explain = actions.add_parser("explain", help="which key entries differ between two entries")
-    explain.add_argument("key_a")
-    explain.add_argument("key_b")
-    explain.set_defaults(run=_cli_explain)
-
-
-def _cli_cache(args) -> DiskCache:
-    """The cache the command names; never created (these commands only read or remove)."""
-    from tpu_inductor.config import Options
-
-    options = Options.from_user()
-    directory = args.dir if args.dir is not None else options.cache_dir
-    return open_disk_cache(directory, options.cache_max_mb, create=False)
-
-
-def _cli_stats(args) -> int:
-    disk = _cli_cache(args)
-    entries = disk.entries()
-    total = sum(e.size for e in entries)
-    print(f"directory: {disk.directory}")
-    print(f"entries:   {len(entries)}")
-    print(f"size:      {total / 2**20:.1f} MiB of {disk.max_bytes / 2**20:.0f} MiB")
-    leftovers = disk.leftovers()
-    if leftovers:
-        size = sum(f.stat().st_size for p in leftovers for f in p.rglob("*") if f.is_file())
-        print(
-            f"leftovers: {len(leftovers)} temporary directories of interrupted writes, "
-            f"{size / 2**20:.1f} MiB (removed by the next store or `cache clear`)"
-        )
-    return 0
-
-
-def _cli_ls(args) -> int:
-    for entry in _cli_cache(args).entries():
-        used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.last_used))
-        print(f"{entry.digest[:16]}  {entry.size / 1024:9.1f} KiB  {used}  {entry.label}")
-    return 0
-
-
-def _cli_clear(args) -> int:
-    disk = _cli_cache(args)
-    print(f"removed {disk.clear()} entries from {disk.directory}")
-    return 0
-
-
-def _cli_explain(args) -> int:
-    disk = _cli_cache(args)
-    key_a, key_b = disk.key_of(args.key_a), disk.key_of(args.key_b)
-    differ = key_a.explain(key_b)
-    if not differ:
-        print("the keys are equal")
-    for name in differ:
-        a, b = dict(key_a.entries).get(name, "-"), dict(key_b.entries).get(name, "-")
-        print(f"{name}: {a[:16]} != {b[:16]}")
-    return 0
