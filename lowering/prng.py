@@ -2,8 +2,8 @@
 
 jax lowers threefry2x32 on CPU as a loop of five iterations (compile time over speed). Each
 iteration reads and writes the whole counter state, and XLA copies that state into and out of
-the loop: about 5 ns per 32-bit word on this machine, a quarter of a GPT-2 training forward
-with dropout. Unrolled, the twenty rounds are one elementwise fusion, about 4x faster.
+the loop, a large share of a training forward with dropout. Unrolled, the twenty rounds are one
+elementwise fusion (figures: docs/benchmarks.md).
 
 `threefry_unrolled()` is a jax PRNG implementation with threefry2x32's seed and split, and a
 `fold_in` and `random_bits` that give the same bits as jax's (partitionable) threefry (Salmon et

@@ -21,8 +21,8 @@ _WRONG = ("multilabel_margin_loss_forward",)
 
 # Kept whole: CPU flash attention, which torch decomposes into its math form (Inductor leaves
 # that decomposition out too). Its forward and backward rules (lowering/ops/sdpa.py) are the same
-# computation; tracing the math form and its gradient op by op cost the zoo Llama's first
-# training call 0.8 s of 6.9 s, and its first inference call 0.18 s of 3.5 s.
+# computation; tracing the math form and its gradient op by op is a large share of a first
+# call (docs/benchmarks.md, "Figures found in code comments and docstrings").
 _KEPT = ("_scaled_dot_product_flash_attention_for_cpu",)
 
 
@@ -33,8 +33,8 @@ def _overloads(names: tuple[str, ...]) -> list:
 
 @functools.cache
 def table() -> Mapping:
-    """The decomposition table, built at its first use: building it costs 0.15 s, which a warm
-    start (an AOTAutogradCache hit, no tracing) never needs to pay."""
+    """The decomposition table, built at its first use: a warm start (an AOTAutogradCache hit,
+    no tracing) never needs to pay for building it."""
     return _LazyTable()
 
 
