@@ -24,6 +24,10 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "lowering/ops/losses.py": ("tests/lowering/test_nn_ops_losses.py",),
     # The passes: what bucketing masks, and the shape policy it extends.
     "passes/bucket_rules.py": ("tests/passes/test_bucketing.py",),
+    "passes/bucket_rules_dims.py": ("tests/passes/test_bucketing.py",),
+    "passes/bucket_rules_slices.py": ("tests/passes/test_bucketing.py",),
+    "passes/bucket_rules_index.py": ("tests/passes/test_bucketing.py",),
+    "passes/bucket_rules_nn.py": ("tests/passes/test_bucketing.py",),
     "passes/bucket_shapes.py": ("tests/passes/test_bucketing.py",),
     "passes/bucket_policy.py": ("tests/passes/test_bucket_policy.py",),
     "passes/shapes.py": ("tests/passes/test_shape_policy.py",),
