@@ -1,4 +1,4 @@
-"""What happened in each compile: stage timings, dumps, structured traces, recompile reasons.
+"""What happened in each compile: stage timings, dumps, structured traces.
 
 One observer per graph (`GraphObserver`) sees its graph-level stages (the ATen graph, the graph
 after each pass, the partition) and opens one `CompileRecord` per compiled specialization, whose
@@ -15,8 +15,8 @@ Around them, this module makes every stage visible:
 - `TORCH_LOGS="+tpu_inductor"` (or `+tpu_inductor.lowering`, `.passes`, `.cache`) turns on our
   loggers; at DEBUG the `tpu_inductor_graphs` artifact prints every graph stage.
 - A graph compiled again (same fingerprint, other inputs or options) logs one line that says
-  what changed, from what to what, and what would avoid it.
-- A failed PJRT compile writes a reproducer folder and names it in the error.
+  what changed, from what to what, and what would avoid it (recompiles.py).
+- A failed PJRT compile writes a reproducer folder and names it in the error (repro.py).
 
 Graph-level stages (before a record exists) are kept in memory, by graph name, only while
 dumping, and copied into the folder of each record of that graph. This module imports none of
@@ -33,8 +33,6 @@ import itertools
 import json
 import logging
 import os
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +42,8 @@ import torch
 
 from tpu_inductor import files
 from tpu_inductor.config import Options
+from tpu_inductor.debug.recompiles import describe_input, explain_if_recompile
+from tpu_inductor.debug.repro import repro_command, write_reproducer
 from tpu_inductor.exc import CompileError
 
 log = logging.getLogger(__name__)
@@ -364,7 +364,7 @@ def new_record(
     if options is not None:
         record.options = options.cache_key_entries()
     if fingerprint is not None:
-        _explain_if_recompile(record)
+        explain_if_recompile(record, records)
     records.append(record)
     if options is not None and options.dump_dir is not None:
         _open_folder(record, Path(options.dump_dir))
@@ -446,229 +446,3 @@ def _write_compile_json(record: CompileRecord) -> None:
         return
     text = json.dumps(compile_summary(record), indent=1, default=str)
     files.write_atomic(record.dump_path / "compile.json", text + "\n")
-
-
-# ---------------------------------------------------------------------------------------------
-# Recompile explanations.
-
-
-def describe_input(value: Any) -> str:
-    """An input signature entry as text: "float32[8, 16]" for a tensor, repr for a scalar."""
-    if _is_tensor_entry(value):
-        shape, dtype = value
-        return f"{dtype.removeprefix('torch.')}[{', '.join(map(str, shape))}]"
-    return repr(value)
-
-
-def _is_tensor_entry(value: Any) -> bool:
-    return (
-        isinstance(value, tuple)
-        and len(value) == 2
-        and isinstance(value[0], tuple)
-        and isinstance(value[1], str)
-    )
-
-
-def explain_recompile(
-    old: tuple,
-    new: tuple,
-    *,
-    same_graph: bool,
-    old_options: dict | None = None,
-    new_options: dict | None = None,
-) -> str:
-    """Why a graph compiled for `old` inputs is compiled again for `new` ones, and the remedy.
-
-    `same_graph`: the same (symbolic-shape) graph is specialized again, rather than Dynamo
-    handing over an identical graph for the new static shapes.
-    """
-    changes: list[str] = []
-    advice: list[str] = []
-    if len(old) != len(new):
-        changes.append(f"the number of inputs changed from {len(old)} to {len(new)}")
-    for position, (before, after) in enumerate(zip(old, new)):
-        if before == after:
-            continue
-        if _is_tensor_entry(before) and _is_tensor_entry(after):
-            changes.append(_tensor_change(position, before, after, advice, same_graph))
-        else:
-            kind = " (a symbolic size or number)" if same_graph else ""
-            changes.append(
-                f"input {position}{kind}: {describe_input(before)} → {describe_input(after)}"
-            )
-            if not any(_is_tensor_entry(v) and v != w for v, w in zip(old, new)):
-                advice.append("pass a number that varies and sets no size as a 0-d tensor")
-    for key in sorted(set(old_options or {}) | set(new_options or {})):
-        before, after = (old_options or {}).get(key), (new_options or {}).get(key)
-        if before != after:
-            changes.append(f"option {key}: {before!r} → {after!r}")
-            advice.append("use the same options for every torch.compile of this model")
-    if not changes:
-        changes.append("the cache key changed (e.g. versions, device or passes)")
-    remedy = "; ".join(dict.fromkeys(advice)) or "nothing: the program differs"
-    return f"{'; '.join(changes)}. To avoid it: {remedy}."
-
-
-def _tensor_change(position: int, before, after, advice: list[str], same_graph: bool) -> str:
-    (old_shape, old_dtype), (new_shape, new_dtype) = before, after
-    what = f"input {position} ({describe_input(before)} → {describe_input(after)})"
-    if old_dtype != new_dtype:
-        advice.append(
-            f"cast input {position} to {old_dtype.removeprefix('torch.')} before the call"
-        )
-        return f"{what}: dtype {old_dtype} → {new_dtype}"
-    if len(old_shape) != len(new_shape):
-        advice.append(f"keep input {position}'s rank fixed")
-        return f"{what}: rank {len(old_shape)} → {len(new_shape)}"
-    dims = [d for d, (a, b) in enumerate(zip(old_shape, new_shape)) if a != b]
-    for d in dims:  # graphs with symbolic sizes are compiled once per size (README: Shapes)
-        why = (
-            "a graph with symbolic sizes compiles once per size here"
-            if same_graph
-            else f"torch._dynamo.mark_dynamic(input, {d}) before the first call spares Dynamo's "
-            "new traces, not the compile per size"
-        )
-        advice.append(
-            f"pad input {position}'s dim {d} to a few fixed sizes, one compile each ({why})"
-        )
-    return what + ": " + ", ".join(f"dim {d}: {old_shape[d]} → {new_shape[d]}" for d in dims)
-
-
-def _bucketing_note(bucketing: dict[str, Any] | None) -> str:
-    """What the recompile explanation adds about shape bucketing."""
-    if not bucketing:
-        return ""
-    if "refused" in bucketing:
-        return f" Not bucketed (compiled per exact size): {bucketing['refused']}."
-    return (
-        f" A new bucket {bucketing['bucket']} for true sizes {bucketing['true_sizes']} "
-        "(tpu_inductor.precompile compiles the buckets before the first call)."
-    )
-
-
-def _explain_if_recompile(record: CompileRecord) -> None:
-    same = [(r, r.inputs) for r in records if r.fingerprint == record.fingerprint]
-    if any(r.inputs == record.inputs and r.options == record.options for r, _ in same):
-        return  # the same program again (a cache hit)
-    candidates = same or _earlier_traces(record)
-    if not candidates:
-        return  # a first compile
-    # The closest earlier compile (the latest of equals) names the change that mattered.
-    previous, old_inputs = min(reversed(candidates), key=lambda c: _differences(*c, record))
-    if (
-        previous.fingerprint != record.fingerprint
-        and _differences(previous, old_inputs, record) == 0
-    ):
-        record.recompile = (  # no tensor changed: a Python number did, now an input
-            "Dynamo traced it again: a Python number changed between calls and is an input "
-            "from now on (one compile for all its values if it only scales tensors)"
-        )
-        log.info(
-            "tpu_inductor: recompiling %s (Dynamo's new trace of %s): %s",
-            record.graph,
-            previous.graph,
-            record.recompile,
-        )
-        return
-    record.recompile = explain_recompile(
-        old_inputs,
-        record.inputs,
-        same_graph=previous.graph == record.graph,
-        old_options=previous.options,
-        new_options=record.options,
-    ) + _bucketing_note(record.bucketing)
-    if previous.graph == record.graph:
-        same_as = ""
-    elif previous.fingerprint == record.fingerprint:
-        same_as = f", the same graph as {previous.graph}"
-    else:
-        same_as = f", Dynamo's new trace of {previous.graph}"
-        record.recompile = f"Dynamo traced it again, with symbolic sizes: {record.recompile}"
-    log.info(
-        "tpu_inductor: recompiling for new %s (%s%s): %s",
-        _what_changed(old_inputs, record.inputs),
-        record.graph,
-        same_as,
-        record.recompile,
-    )
-
-
-def _earlier_traces(record: CompileRecord) -> list[tuple[CompileRecord, tuple]]:
-    """Compiles of the same part (e.g. the forward, or its region fused_0) in Dynamo's earlier
-    traces of the same frame, each with its tensor inputs laid over `record`'s inputs (a graph
-    with symbolic sizes takes the sizes as extra inputs)."""
-    new_id = record.compile_id
-    if not getattr(new_id, "frame_compile_id", None):
-        return []
-    tensors = [i for i, v in enumerate(record.inputs) if _is_tensor_entry(v)]
-    found = []
-    for r in records:
-        old_id = r.compile_id
-        if (
-            getattr(old_id, "frame_id", None) != new_id.frame_id
-            or (old_id.frame_compile_id or 0) >= new_id.frame_compile_id
-            or _part(r.graph) != _part(record.graph)
-        ):
-            continue
-        old_tensors = [v for v in r.inputs if _is_tensor_entry(v)]
-        if len(old_tensors) == len(tensors):
-            laid_over = list(record.inputs)
-            for i, value in zip(tensors, old_tensors):
-                laid_over[i] = value
-            found.append((r, tuple(laid_over)))
-    return found
-
-
-def _part(graph: str) -> str:
-    """A graph's name without its number: "forward_3.fused_0" → "forward.fused_0"."""
-    name, dot, region = graph.partition(".")
-    return name.rpartition("_")[0] + dot + region
-
-
-def _differences(earlier: CompileRecord, inputs: tuple, record: CompileRecord) -> int:
-    """How many inputs and options of `record` differ from an earlier compile's."""
-    changed = sum(a != b for a, b in zip(inputs, record.inputs))
-    keys = set(earlier.options) | set(record.options)
-    options = sum(earlier.options.get(k) != record.options.get(k) for k in keys)
-    return changed + abs(len(inputs) - len(record.inputs)) + options
-
-
-def _what_changed(old: tuple, new: tuple) -> str:
-    """What a recompile is for: "input sizes" (dtypes and ranks kept), "inputs" or "options"."""
-    if old == new:
-        return "options"
-    changed = [(a, b) for a, b in zip(old, new) if a != b]
-    if len(old) == len(new) and all(_is_size_change(a, b) for a, b in changed):
-        return "input sizes"
-    return "inputs"
-
-
-def _is_size_change(before, after) -> bool:
-    if _is_tensor_entry(before) and _is_tensor_entry(after):
-        return before[1] == after[1] and len(before[0]) == len(after[0])
-    return isinstance(before, int) and isinstance(after, int)  # a symbolic size's value
-
-
-# ---------------------------------------------------------------------------------------------
-# Reproducers of failed compiles.
-
-
-def repro_command(path: Path) -> str:
-    """The one-line command that recompiles a reproducer folder."""
-    return f'{sys.executable} -m tpu_inductor.cli repro "{path}"'
-
-
-def write_reproducer(record: CompileRecord, module_text: str, platform: str, error: str) -> Path:
-    """Write module.mlir, repro.json and repro.sh into the record's dump folder (or a temp one)."""
-    if record.dump_path is not None:
-        path = record.dump_path / "repro"
-        path.mkdir(exist_ok=True)
-    else:
-        path = Path(tempfile.mkdtemp(prefix=f"tpu_inductor_repro_{record.graph}_"))
-    (path / "module.mlir").write_text(module_text)
-    facts = {"platform": platform, "graph": record.graph, "error": error}
-    facts["inputs"] = [describe_input(v) for v in record.inputs]
-    (path / "repro.json").write_text(json.dumps(facts, indent=1) + "\n")
-    here = Path('$(dirname "$0")')
-    (path / "repro.sh").write_text(f"#!/bin/sh\n{repro_command(here)}\n")
-    return path
