@@ -58,7 +58,7 @@ def _ops(args) -> int:
 
 
 def _repro(args) -> int:
-    """Compile a reproducer's module.mlir (debug.records.write_reproducer) for its platform."""
+    """Compile a reproducer's module.mlir (debug.repro.write_reproducer) for its platform."""
     import json
     from pathlib import Path
 

@@ -17,6 +17,7 @@ import torch.nn as nn
 from tpu_inductor import cli
 from tpu_inductor.bench import harness as bench
 from tpu_inductor.bench import models as bench_models
+from tpu_inductor.bench import report as bench_report
 from tpu_inductor.exc import BenchError
 from tpu_inductor.runtime import devices
 
@@ -88,7 +89,7 @@ def test_report_json_schema(mlp_report):
 
 
 def test_markdown_has_a_row_per_mode(mlp_report):
-    text = bench.markdown(mlp_report)
+    text = bench_report.markdown(mlp_report)
     assert "| model | task | mode | median |" in text
     for mode in bench.MODES:
         assert f"| mlp | inference | {mode} |" in text
@@ -146,7 +147,7 @@ def test_training_skipped_without_parameters():
     }
     assert (
         "Geometric mean over models (train): eager 1.00x vs eager, - vs inductor "
-        f"(1 of 2 models left out, without a result: {no_params})." in bench.markdown(report)
+        f"(1 of 2 models left out, without a result: {no_params})." in bench_report.markdown(report)
     )
 
 
@@ -199,7 +200,7 @@ def test_a_failing_mode_is_reported_and_the_others_still_measured(monkeypatch):
         "tests.bench.test_bench:tiny_factory (inference): tpu_inductor failed: RuntimeError: boom"
         in report["warnings"]
     )
-    text = bench.markdown(report)
+    text = bench_report.markdown(report)
     assert "| tpu_inductor | RuntimeError: boom |" in text and "second line" not in text
 
 
@@ -216,7 +217,7 @@ def test_a_compile_failure_shows_its_cause_and_the_header_the_configured_device(
     assert report["machine"]["pjrt_device"] == f"{absent} (not present here)"
     cause = f"DeviceError: tpu_inductor: device '{absent}' was requested"
     assert report["cases"][0]["modes"]["tpu_inductor"]["error"].startswith(cause)
-    text = bench.markdown(report)
+    text = bench_report.markdown(report)
     assert f"PJRT {absent} (not present here);" in text
     assert f"| tpu_inductor | {cause}" in text and f"tpu_inductor failed: {cause}" in text
 

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from tpu_inductor.bench.harness import CpuLoad, write_outputs
+from tpu_inductor.bench.harness import CpuLoad
+from tpu_inductor.bench.report import write_outputs
 from tpu_inductor.cache import stores as cache
 from tpu_inductor.exc import BenchError, OptionError
 from tpu_inductor.runtime import buckets as bucketing
