@@ -121,3 +121,8 @@ class WritesBuffers(torch.nn.Module):
         h = self.norm(self.linear(x))
         self.cache.index_copy_(0, position, h[:1])
         return h.sum(-1) + self.cache.sum()
+
+
+def compile_tpu(fn: Callable, **options) -> Callable:
+    """`torch.compile(fn, backend="tpu_inductor")` with `options` (None when there are none)."""
+    return torch.compile(fn, backend="tpu_inductor", options=options or None)
