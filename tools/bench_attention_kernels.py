@@ -31,6 +31,7 @@ from tpu_inductor.lowering.ops import attention_kernels  # noqa: E402
 
 from tests import hf_zoo  # noqa: E402
 from tpu_inductor.aot import artifact as aot
+from tpu_inductor.aot import compile as aot_compile
 from tpu_inductor.cache import stores as cache
 from tpu_inductor.runtime import devices  # noqa: E402
 
@@ -48,7 +49,9 @@ def tpu_kernel_choices(
     inputs = [aot.parse_input(f"input_ids:int64[{size.batch},{size.seq}]")]
     options = options or {"fusion": {"attention": True}, "cache": False}
     with tempfile.TemporaryDirectory() as out:
-        aot.compile_model(model, inputs, Path(out) / "artifact", platform="tpu", options=options)
+        aot_compile.compile_model(
+            model, inputs, Path(out) / "artifact", platform="tpu", options=options
+        )
     return dict(attention_kernels.counters - before)
 
 

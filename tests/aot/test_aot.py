@@ -22,6 +22,8 @@ from tests.helpers import assert_same
 from tests.strategies import PROPERTY, seeds
 from tpu_inductor import cli
 from tpu_inductor.aot import artifact as aot
+from tpu_inductor.aot import compile as aot_compile
+from tpu_inductor.aot import loader as aot_loader
 from tpu_inductor.exc import ArtifactError, InputMismatchError, OptionError
 from tpu_inductor.runtime import devices
 
@@ -58,7 +60,7 @@ def _example(seq: int):
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory):
     out = tmp_path_factory.mktemp("artifact")
-    aot.compile_model(make_model(), _INPUTS, out, buckets={"S": (3, 5)})
+    aot_compile.compile_model(make_model(), _INPUTS, out, buckets={"S": (3, 5)})
     return out
 
 
@@ -80,7 +82,7 @@ def test_parse_specs():
 
 def test_named_dim_without_bucket_is_an_error(tmp_path):
     with pytest.raises(OptionError, match=r"dims \['S'\] have no --bucket"):
-        aot.compile_model(make_model(), _INPUTS, tmp_path)
+        aot_compile.compile_model(make_model(), _INPUTS, tmp_path)
 
 
 def test_round_trip_in_a_fresh_process_matches_eager(artifact, tmp_path):
@@ -100,7 +102,7 @@ def test_round_trip_in_a_fresh_process_matches_eager(artifact, tmp_path):
 
 
 def test_loaded_artifact_returns_the_model_structure(artifact):
-    loaded = aot.load(artifact)
+    loaded = aot_loader.load(artifact)
     inputs = _example(3)
     with torch.no_grad():
         expected = make_model()(**inputs)
@@ -108,7 +110,7 @@ def test_loaded_artifact_returns_the_model_structure(artifact):
 
 
 def test_mismatched_inputs_name_the_input_and_both_specs(artifact):
-    loaded = aot.load(artifact)
+    loaded = aot_loader.load(artifact)
     ids, x = _example(5).values()
     with pytest.raises(InputMismatchError, match=r"'x' expected float32\[2, 16\].*got .*\[3, 16\]"):
         loaded(ids[:, :4], x[[0, 1, 0]])  # S=4 is served (padded), the batch of x is not
@@ -135,7 +137,7 @@ def test_damaged_artifact_names_the_file(artifact, tmp_path, damage, file):
     directory = _copy(artifact, tmp_path)
     damage(directory / file)
     with pytest.raises(ArtifactError, match=rf"{file}.*(?:[Rr]ebuild)"):
-        aot.load(directory)(**_example(3))
+        aot_loader.load(directory)(**_example(3))
 
 
 def test_damage_behind_a_valid_checksum_is_still_an_artifact_error(artifact, tmp_path):
@@ -147,7 +149,7 @@ def test_damage_behind_a_valid_checksum_is_still_an_artifact_error(artifact, tmp
     )
     (directory / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="module.stablehlo.*rebuild"):
-        aot.load(directory)(**_example(3))
+        aot_loader.load(directory)(**_example(3))
 
 
 def test_newer_format_is_a_version_error(artifact, tmp_path):
@@ -156,7 +158,7 @@ def test_newer_format_is_a_version_error(artifact, tmp_path):
     manifest["format"] = aot.FORMAT + 1
     (directory / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="artifact format .*reads format"):
-        aot.load(directory)
+        aot_loader.load(directory)
 
 
 def test_executable_for_another_jaxlib_is_recompiled_from_portable_stablehlo(artifact, tmp_path):
@@ -171,7 +173,7 @@ def test_executable_for_another_jaxlib_is_recompiled_from_portable_stablehlo(art
     (directory / "manifest.json").write_text(json.dumps(manifest))
     inputs = _example(5)
     with torch.no_grad():
-        assert_same(aot.load(directory)(**inputs), make_model()(**inputs))
+        assert_same(aot_loader.load(directory)(**inputs), make_model()(**inputs))
 
 
 @pytest.mark.filterwarnings("error::FutureWarning")  # torch's own deprecation noise stays out
@@ -184,36 +186,36 @@ def test_cli_compile_and_inspect(tmp_path, capsys):
     assert "bucket 0:  static" in text and "(executable)" in text
     inputs = _example(4)
     with torch.no_grad():
-        assert_same(aot.load(out)(**inputs), make_model()(**inputs))
+        assert_same(aot_loader.load(out)(**inputs), make_model()(**inputs))
 
 
 def test_lowering_for_tpu_is_produced_on_this_machine(tmp_path):
-    aot.compile_model(make_model(), _INPUTS, tmp_path, buckets={"S": (4,)}, platform="tpu")
-    manifest = aot.read_manifest(tmp_path)
+    aot_compile.compile_model(make_model(), _INPUTS, tmp_path, buckets={"S": (4,)}, platform="tpu")
+    manifest = aot_loader.read_manifest(tmp_path)
     assert manifest["platform"] == "tpu" and manifest["entries"][0]["executable"] is None
     assert not (tmp_path / "buckets/0/executable.bin").exists()
     text = (tmp_path / "buckets/0/module.mlir").read_text()
     assert "func.func public @main" in text and "tensor<2x4xi64>" in text
-    assert aot._from_portable(tmp_path / "buckets/0")  # the portable bytes deserialize
+    assert aot_loader._from_portable(tmp_path / "buckets/0")  # the portable bytes deserialize
     with pytest.raises(ArtifactError, match="built for 'tpu'.*--platform cpu"):
-        aot.load(tmp_path)
+        aot_loader.load(tmp_path)
 
 
 def test_inputs_given_twice_are_refused_at_compile_and_at_call(artifact, tmp_path):
     spec = aot.parse_input("ids:int64[2,4]")
     with pytest.raises(OptionError, match=r"--input 'ids' is given 2 times"):
-        aot.compile_model(make_model(), [spec, spec], tmp_path / "dup")
+        aot_compile.compile_model(make_model(), [spec, spec], tmp_path / "dup")
     assert not (tmp_path / "dup").exists()
     ids, x = _example(3).values()
     with pytest.raises(InputMismatchError, match=r"input 'ids' .* given twice"):
-        aot.load(artifact)(ids, x, ids=ids)
+        aot_loader.load(artifact)(ids, x, ids=ids)
 
 
 def test_input_count_is_checked_against_forward(tmp_path):
     with pytest.raises(
         OptionError, match=r"forward\(ids, x\) takes 2 inputs; got 1 --input \(ids\)"
     ):
-        aot.compile_model(make_model(), _INPUTS[:1], tmp_path, buckets={"S": (3,)})
+        aot_compile.compile_model(make_model(), _INPUTS[:1], tmp_path, buckets={"S": (3,)})
 
 
 class _Cast(nn.Module):
@@ -231,11 +233,11 @@ def test_dtype_casts_compile_ahead_of_time(tmp_path):
     torch.manual_seed(0)
     model = _Cast().eval()
     removed = pipeline.counters["cleanup.assert_removed"]
-    aot.compile_model(model, [aot.parse_input("ids:int64[2,4]")], tmp_path)
+    aot_compile.compile_model(model, [aot.parse_input("ids:int64[2,4]")], tmp_path)
     assert pipeline.counters["cleanup.assert_removed"] >= removed + 2  # one per cast
     ids = torch.arange(8).reshape(2, 4)
     with torch.no_grad():
-        assert_same(aot.load(tmp_path)(ids), model(ids))
+        assert_same(aot_loader.load(tmp_path)(ids), model(ids))
 
 
 def test_saved_exported_program_compiles(tmp_path, capsys):
@@ -247,9 +249,9 @@ def test_saved_exported_program_compiles(tmp_path, capsys):
     args = ["compile", str(tmp_path / "m.pt2"), "--input", "x:float32[2,16]", "--out", str(out)]
     assert cli.main(args) == 0
     with torch.no_grad():
-        assert_same(aot.load(out)(x), model(x))
+        assert_same(aot_loader.load(out)(x), model(x))
     with pytest.raises(OptionError, match=r"nope.pt2 does not exist"):
-        aot.load_target(str(tmp_path / "nope.pt2"))
+        aot_compile.load_target(str(tmp_path / "nope.pt2"))
 
 
 class _Pair(nn.Module):
@@ -259,8 +261,8 @@ class _Pair(nn.Module):
 
 def test_inputs_from_different_buckets_name_the_dim(tmp_path):
     specs = [aot.parse_input("a:float32[B,4]"), aot.parse_input("b:float32[B,4]")]
-    aot.compile_model(_Pair(), specs, tmp_path, buckets={"B": (2, 4)})
-    loaded = aot.load(tmp_path)
+    aot_compile.compile_model(_Pair(), specs, tmp_path, buckets={"B": (2, 4)})
+    loaded = aot_loader.load(tmp_path)
     with pytest.raises(InputMismatchError, match=r"disagree on dim 'B': 'a' has B=4, 'b' has B=2"):
         loaded(torch.ones(4, 4), torch.ones(2, 4))
     assert_same(loaded(torch.ones(4, 4), torch.ones(4, 4)), torch.full((4, 4), 3.0))
@@ -277,16 +279,16 @@ def test_out_directory_is_new_empty_or_a_previous_artifact(tmp_path):
     (notes / "sub").mkdir(parents=True)
     (notes / "sub" / "todo.txt").write_text("mine")
     with pytest.raises(OptionError, match=r"notes is a directory that holds other files"):
-        aot.compile_model(_Pair(), spec, notes, buckets={"B": (2,)})
+        aot_compile.compile_model(_Pair(), spec, notes, buckets={"B": (2,)})
     assert [p.name for p in notes.iterdir()] == ["sub"]
     out = tmp_path / "art"
-    aot.compile_model(_Pair(), spec, out, buckets={"B": (2, 4)})
-    aot.compile_model(_Pair(), spec, out, buckets={"B": (4,)})  # replaces the first
-    files = aot.read_manifest(out)["files"]
+    aot_compile.compile_model(_Pair(), spec, out, buckets={"B": (2, 4)})
+    aot_compile.compile_model(_Pair(), spec, out, buckets={"B": (4,)})  # replaces the first
+    files = aot_loader.read_manifest(out)["files"]
     assert not (out / "buckets/1").exists() and not any(f.startswith("buckets/1") for f in files)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art", "notes"]  # no staging left
     with pytest.raises(RuntimeError, match="fails to trace"):
-        aot.compile_model(_Broken(), spec[:1], tmp_path / "failed", buckets={"B": (2,)})
+        aot_compile.compile_model(_Broken(), spec[:1], tmp_path / "failed", buckets={"B": (2,)})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art", "notes"]
 
 
@@ -315,7 +317,7 @@ def test_manifest_with_missing_or_ill_typed_fields_is_an_artifact_error(
     directory = _copy(artifact, tmp_path)
     _rewrite_manifest(directory, change)
     with pytest.raises(ArtifactError, match=rf"manifest.json is malformed: {problem}.*rebuild"):
-        aot.load(directory)(**_example(3))
+        aot_loader.load(directory)(**_example(3))
     assert cli.main(["inspect", str(directory)]) == 2
 
 
@@ -323,14 +325,14 @@ def test_manifest_naming_an_absent_weight_is_an_artifact_error(artifact, tmp_pat
     directory = _copy(artifact, tmp_path)
     _rewrite_manifest(directory, lambda m: m["entries"][0]["graph_inputs"][0].update(weight="w9"))
     with pytest.raises(ArtifactError, match=r"weights.safetensors lacks the weights \['w9'\]"):
-        aot.load(directory)
+        aot_loader.load(directory)
 
 
 def test_a_directory_that_is_not_an_artifact_says_so(tmp_path):
     with pytest.raises(ArtifactError, match="not an artifact directory: it has no manifest.json"):
-        aot.load(tmp_path)
+        aot_loader.load(tmp_path)
     with pytest.raises(ArtifactError, match="not an artifact directory: it does not exist"):
-        aot.load(tmp_path / "typo")
+        aot_loader.load(tmp_path / "typo")
 
 
 def test_cli_run_names_the_file_it_wrote(artifact, tmp_path, capsys):
@@ -349,13 +351,13 @@ def test_cli_run_names_the_file_it_wrote(artifact, tmp_path, capsys):
 @example(seq=4, pad_with="nan", seed=0)  # between the buckets 3 and 5
 def test_a_size_between_buckets_is_padded_to_the_next_and_exact(artifact, seq, pad_with, seed):
     torch.manual_seed(seed)
-    loaded, before = aot.load(artifact, pad_with=pad_with), devices.stats["pjrt_compiles"]
+    loaded, before = aot_loader.load(artifact, pad_with=pad_with), devices.stats["pjrt_compiles"]
     inputs = _example(seq)
     with torch.no_grad():
         expected = make_model()(**inputs)
     assert_same(loaded(**inputs), expected, atol=1e-5, rtol=1e-4)
     assert devices.stats["pjrt_compiles"] == before  # served by a compiled bucket
-    manifest = aot.read_manifest(artifact)
+    manifest = aot_loader.read_manifest(artifact)
     assert [e["padded"] for e in manifest["entries"]] == [True, True]
     assert manifest["padding"]["dims"] == {manifest["padding"]["layout"]["symbols"][0]: "S"}
 
@@ -363,11 +365,11 @@ def test_a_size_between_buckets_is_padded_to_the_next_and_exact(artifact, seq, p
 def test_a_size_above_the_largest_bucket_names_the_dim_the_size_and_the_largest(artifact):
     ids, x = _example(6).values()
     with pytest.raises(InputMismatchError, match=r"dim 'S' is 6, above its largest bucket S=5"):
-        aot.load(artifact)(ids, x)
+        aot_loader.load(artifact)(ids, x)
     with pytest.raises(
         InputMismatchError, match=r"dim 'S' is 1; padded buckets serve sizes from 2"
     ):
-        aot.load(artifact)(ids[:, :1], x)
+        aot_loader.load(artifact)(ids[:, :1], x)
 
 
 class _Grid(nn.Module):
@@ -379,12 +381,12 @@ class _Grid(nn.Module):
 
 def test_two_padded_dims_and_a_bucket_of_one_beside_them(tmp_path):
     specs = [aot.parse_input("x:float32[B,S]"), aot.parse_input("w:float32[S,3]")]
-    aot.compile_model(_Grid(), specs, tmp_path, buckets={"B": (1, 2, 4), "S": (3, 6)})
-    manifest = aot.read_manifest(tmp_path)
+    aot_compile.compile_model(_Grid(), specs, tmp_path, buckets={"B": (1, 2, 4), "S": (3, 6)})
+    manifest = aot_loader.read_manifest(tmp_path)
     padded = {tuple(e["sizes"].values()): e["padded"] for e in manifest["entries"]}
     assert padded == {(1, 3): False, (1, 6): False, (2, 3): True, (2, 6): True, (4, 3): True,
                       (4, 6): True}  # fmt: skip
-    loaded = aot.load(tmp_path, pad_with="nan")
+    loaded = aot_loader.load(tmp_path, pad_with="nan")
     for b, s in ((3, 5), (2, 2), (4, 6), (1, 3)):  # (1, 3): the exact entry
         x, w = torch.randn(b, s), torch.randn(s, 3)
         assert_same(loaded(x, w), _Grid()(x, w), atol=1e-5, rtol=1e-4)
@@ -399,11 +401,11 @@ class _Branchy(nn.Module):
 
 def test_a_model_that_export_cannot_keep_symbolic_gets_exact_buckets_and_says_why(tmp_path, capsys):
     spec = [aot.parse_input("x:float32[2,S]")]
-    aot.compile_model(_Branchy(), spec, tmp_path / "a", buckets={"S": (3, 5)})
-    manifest = aot.read_manifest(tmp_path / "a")
+    aot_compile.compile_model(_Branchy(), spec, tmp_path / "a", buckets={"S": (3, 5)})
+    manifest = aot_loader.read_manifest(tmp_path / "a")
     assert "torch.export cannot keep ['S'] symbolic" in manifest["padding"]["refused"]
     assert not any(e.get("padded") for e in manifest["entries"])
-    loaded = aot.load(tmp_path / "a")
+    loaded = aot_loader.load(tmp_path / "a")
     assert_same(loaded(torch.ones(2, 5)), torch.full((2, 5), 2.0))
     with pytest.raises(InputMismatchError, match=r"exact sizes only: torch.export cannot keep"):
         loaded(torch.ones(2, 4))
@@ -417,11 +419,13 @@ class _Sorted(nn.Module):
 
 
 def test_a_graph_the_pass_cannot_prove_exact_gets_exact_buckets_with_the_pass_reason(tmp_path):
-    aot.compile_model(_Sorted(), [aot.parse_input("x:float32[2,S]")], tmp_path, buckets={"S": (3,)})
-    manifest = aot.read_manifest(tmp_path)
+    aot_compile.compile_model(
+        _Sorted(), [aot.parse_input("x:float32[2,S]")], tmp_path, buckets={"S": (3,)}
+    )
+    manifest = aot_loader.read_manifest(tmp_path)
     assert "sort" in manifest["padding"]["refused"] and not manifest["entries"][0].get("padded")
     x = torch.randn(2, 3)
-    assert_same(aot.load(tmp_path)(x), _Sorted()(x))
+    assert_same(aot_loader.load(tmp_path)(x), _Sorted()(x))
 
 
 def test_an_executable_pjrt_cannot_serialize_is_left_out_and_loading_compiles_it(
@@ -431,13 +435,13 @@ def test_an_executable_pjrt_cannot_serialize_is_left_out_and_loading_compiles_it
         raise RuntimeError("UNIMPLEMENTED: `LessThan` is not serializable.")
 
     monkeypatch.setattr(devices, "serialize_executable", refuse)
-    with caplog.at_level(logging.WARNING, logger="tpu_inductor.aot.artifact"):
-        aot.compile_model(_Sorted(), [aot.parse_input("x:float32[2,3]")], tmp_path)
+    with caplog.at_level(logging.WARNING, logger="tpu_inductor.aot.compile"):
+        aot_compile.compile_model(_Sorted(), [aot.parse_input("x:float32[2,3]")], tmp_path)
     assert "the executable is not stored" in caplog.text and "LessThan" in caplog.text
     assert not list(tmp_path.rglob("executable.bin"))
-    assert aot.read_manifest(tmp_path)["entries"][0]["executable"] is None
+    assert aot_loader.read_manifest(tmp_path)["entries"][0]["executable"] is None
     x = torch.randn(2, 3)
-    assert_same(aot.load(tmp_path)(x), _Sorted()(x))
+    assert_same(aot_loader.load(tmp_path)(x), _Sorted()(x))
 
 
 def test_inspect_shows_the_sizes_each_padded_bucket_serves(artifact, capsys):
@@ -450,7 +454,7 @@ def test_a_padded_entry_without_a_layout_is_an_artifact_error(artifact, tmp_path
     directory = _copy(artifact, tmp_path)
     _rewrite_manifest(directory, lambda m: m.update(padding=None))
     with pytest.raises(ArtifactError, match="entries are padded but field 'padding' has no layout"):
-        aot.load(directory)
+        aot_loader.load(directory)
     _rewrite_manifest(directory, lambda m: m.update(padding={"layout": {}, "dims": {}}))
     with pytest.raises(ArtifactError, match="field 'padding' is malformed"):
-        aot.load(directory)
+        aot_loader.load(directory)

@@ -14,6 +14,7 @@ import torch
 
 from tpu_inductor import cli
 from tpu_inductor.aot import artifact as aot
+from tpu_inductor.aot import compile as aot_compile
 from tpu_inductor.config import Options
 from tpu_inductor.exc import OptionError
 
@@ -23,7 +24,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory):
     out = tmp_path_factory.mktemp("artifact")
-    aot.compile_model(torch.nn.Linear(4, 4), [aot.parse_input("x:float32[2,4]")], out)
+    aot_compile.compile_model(torch.nn.Linear(4, 4), [aot.parse_input("x:float32[2,4]")], out)
     return out
 
 
@@ -154,11 +155,13 @@ def test_unreadable_artifact_file_is_an_artifact_error(artifact, tmp_path):
         """
         import os, sys
         from tpu_inductor.aot import artifact as aot
+        from tpu_inductor.aot import compile as aot_compile
+        from tpu_inductor.aot import loader as aot_loader
         from tpu_inductor.exc import ArtifactError
         if os.access(sys.argv[1] + "/weights.safetensors", os.R_OK):
             sys.exit(print("SKIP"))
         try:
-            aot.load(sys.argv[1])
+            aot_loader.load(sys.argv[1])
         except ArtifactError as e:
             print(e)
         """,

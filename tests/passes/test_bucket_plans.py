@@ -16,6 +16,7 @@ from tests.helpers import assert_same
 from tpu_inductor import cli
 from tpu_inductor.aot import artifact as aot
 from tpu_inductor.aot import buckets as aot_buckets
+from tpu_inductor.aot import loader as aot_loader
 from tpu_inductor.cache import stores as cache
 from tpu_inductor.exc import OptionError
 from tpu_inductor.runtime import buckets as bucketing
@@ -171,10 +172,10 @@ def test_the_aot_compiler_takes_the_plans_buckets(tmp_path):
     (joint,) = json.loads(plan.read_text())["joint"]
     args = ["compile", "tests.passes.test_bucket_plans:make_model", "--input", "x:float32[B,S]"]
     assert cli.main([*args, "--plan", str(plan), "--out", str(out)]) == 0
-    manifest = aot.read_manifest(out)
+    manifest = aot_loader.read_manifest(out)
     assert manifest["buckets"] == dict(zip("BS", joint["boundaries"]))
     assert all(e["padded"] for e in manifest["entries"])
-    loaded, before = aot.load(out, pad_with="nan"), tpu_inductor.compiles()
+    loaded, before = aot_loader.load(out, pad_with="nan"), tpu_inductor.compiles()
     for b, n in PAIRS:
         x = torch.randn(b, n)
         assert_same(loaded(x), _two_dims(x), atol=1e-6, rtol=1e-5)

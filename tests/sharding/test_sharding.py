@@ -14,6 +14,8 @@ import torch
 import torch.nn as nn
 
 from tpu_inductor.aot import artifact as aot
+from tpu_inductor.aot import compile as aot_compile
+from tpu_inductor.aot import loader as aot_loader
 from tpu_inductor.exc import ArtifactError, OptionError
 from tpu_inductor.sharding.mesh import Plan, parse_mesh, parse_shard, partition_specs
 
@@ -71,7 +73,7 @@ def test_a_mesh_lowers_for_a_platform_absent_here(tmp_path):
     """For TPU from this machine: StableHLO with the partitioning, no executables."""
     plan = Plan(parse_mesh("data=4"))
     inputs = [aot.parse_input("x:float32[8,16]")]
-    aot.compile_model(make_mlp(), inputs, tmp_path / "a", platform="tpu", plan=plan)
+    aot_compile.compile_model(make_mlp(), inputs, tmp_path / "a", platform="tpu", plan=plan)
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert manifest["mesh"] == [["data", 4]] and manifest["entries"][0]["executable"] is None
     text = (tmp_path / "a" / "buckets" / "0" / "module.mlir").read_text()
@@ -80,20 +82,22 @@ def test_a_mesh_lowers_for_a_platform_absent_here(tmp_path):
         manifest["mesh"] = damaged
         (tmp_path / "a" / "manifest.json").write_text(json.dumps(manifest))
         with pytest.raises(ArtifactError, match="manifest.json is malformed: .*mesh"):
-            aot.load(tmp_path / "a")
+            aot_loader.load(tmp_path / "a")
 
 
 _ON_8_DEVICES = """
 import sys, torch
 from tpu_inductor.aot import artifact as aot
+from tpu_inductor.aot import compile as aot_compile
+from tpu_inductor.aot import loader as aot_loader
 from tpu_inductor.sharding.mesh import Plan, parse_mesh, parse_shard
 from tests.sharding.test_sharding import make_mlp
 
 out, mesh, shards = sys.argv[1], sys.argv[2], [parse_shard(s) for s in sys.argv[3:]]
 plan = Plan(parse_mesh(mesh), tuple(shards))
 inputs = [aot.parse_input("x:float32[B,16]")]
-aot.compile_model(make_mlp(), inputs, out, buckets={"B": (8, 16)}, plan=plan)
-loaded = aot.load(out)
+aot_compile.compile_model(make_mlp(), inputs, out, buckets={"B": (8, 16)}, plan=plan)
+loaded = aot_loader.load(out)
 for batch in (8, 16):
     x = torch.randn(batch, 16)
     with torch.no_grad():

@@ -1,4 +1,5 @@
-"""`tpu-inductor compile | run | inspect`: the ahead-of-time compiler's commands (aot.py)."""
+"""`tpu-inductor compile | run | inspect`: the ahead-of-time compiler's commands (aot/compile.py,
+aot/loader.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import torch
 
 from tpu_inductor.aot import artifact as aot
 from tpu_inductor.aot import buckets as aot_buckets
+from tpu_inductor.aot import compile as aot_compile
+from tpu_inductor.aot import loader as aot_loader
 from tpu_inductor.cache.serialize import dtype_name
 from tpu_inductor.exc import OptionError
 from tpu_inductor.progress import progress_bar
@@ -65,8 +68,8 @@ def _cli_compile(args) -> int:
 
     total = math.prod(len(sizes) for sizes in buckets.values())
     with progress_bar(total, unit="bucket") as advance:
-        path = aot.compile_model(
-            aot.load_target(args.target),
+        path = aot_compile.compile_model(
+            aot_compile.load_target(args.target),
             inputs,
             args.out,
             buckets=buckets,
@@ -83,7 +86,7 @@ def _cli_compile(args) -> int:
 def _cli_run(args) -> int:
     import numpy as np
 
-    artifact = aot.load(args.directory)
+    artifact = aot_loader.load(args.directory)
     with np.load(args.input) as data:
         values = {name: torch.from_numpy(data[name]) for name in data.files}
     from torch.utils._pytree import tree_flatten
@@ -100,7 +103,7 @@ def _cli_run(args) -> int:
 
 def _cli_inspect(args) -> int:
     directory = Path(args.directory)
-    manifest = aot.read_manifest(directory)
+    manifest = aot_loader.read_manifest(directory)
     print(f"artifact:  {directory}  (format {manifest['format']})")
     mesh = Mesh(tuple(map(tuple, manifest["mesh"]))) if manifest.get("mesh") else "none"
     print(f"platform:  {manifest['platform']}   x64: {manifest['x64']}   mesh: {mesh}")

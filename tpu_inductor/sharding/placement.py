@@ -42,7 +42,7 @@ def argument_shardings(device, lowered, executable) -> tuple:
     if split is None or tuple(split.axes) != device.axes:
         raise DeviceError(
             f"tpu_inductor: a module for mesh {split and dict(split.axes)} cannot run on "
-            f"{device}: load an artifact with tpu_inductor.aot.artifact.load, which takes its mesh's devices."
+            f"{device}: load an artifact with tpu_inductor.aot.loader.load, which takes its mesh's devices."
         )
     count = len(lowered.tensor_inputs) + lowered.uses_rng
     chosen = _shardings_of(device, executable.get_parameter_shardings(), count)
