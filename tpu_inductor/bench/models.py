@@ -22,7 +22,7 @@ import torch.nn as nn
 from tpu_inductor.exc import BenchError
 
 # The examples directory of a source checkout (the quickstart model lives there).
-_EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+_EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @dataclasses.dataclass(frozen=True)
