@@ -294,7 +294,6 @@ def _specialize(graph: _Graph, inputs: Sequence[Any], scalars: frozenset[int] = 
     given as 0-d tensors): its key, the cache, else lower, compile and store; then wrapped. A
     PJRT fault under fallback="eager" leaves the graph to eager torch, with a warning."""
     options, device = graph.options, graph.device
-    record = graph.observer.record(dispatch.input_signature(inputs), graph.fingerprint)
     shardings = _shardings(graph, inputs)
     graph_key = key.for_graph(
         graph.fingerprint,
@@ -304,11 +303,13 @@ def _specialize(graph: _Graph, inputs: Sequence[Any], scalars: frozenset[int] = 
         donate_writes=graph.donate,
     )
     compile_key = key.for_compile(graph_key, options, device)
+    record = graph.observer.record(dispatch.input_signature(inputs), graph.fingerprint)
     try:
         found = lookup.find(compile_key, options, device, record)
         if found is None:
             dispatch.check_compile_allowed(record.graph, record.inputs, record.bucketing)
-            found = _compile(_lower(graph, inputs, scalars, shardings, record), device, record)
+            lowered = _lower(graph, inputs, scalars, shardings, record)
+            found = _compile(lowered, device, record)
             lookup.store(compile_key, found, options, device, record)
     except CompileError as error:  # PJRT's fault: the graph still runs, in eager torch
         if options.fallback != "eager":

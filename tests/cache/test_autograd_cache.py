@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from tests.backend.test_backend import _uses_unsupported_op
+from tests.backend.test_fallback import _uses_unsupported_op
 from tests.helpers import assert_same, grads_of
 from tpu_inductor import decompositions
 from tpu_inductor.cache import stores as cache

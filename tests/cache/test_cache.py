@@ -64,7 +64,7 @@ def test_unhashable_entry_bypasses_the_cache():
     assert cache.counters["bypass"] == bypass + 1 and record.cache["decision"] == "bypass"
 
 
-def test_environment_entries_ignore_xla_dump_flags(monkeypatch):
+def test_the_key_ignores_xla_dump_flags(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x --xla_cpu_enable_fast_math=false")
     assert xla_flags() == ("--xla_cpu_enable_fast_math=false",)
 

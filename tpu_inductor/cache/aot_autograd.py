@@ -4,8 +4,9 @@ With the compile cache on, the backend hands AOTAutograd its compilers as
 `SerializableAOTDispatchCompiler`s, so AOTAutograd looks its own cache up before tracing. Its key
 covers the Dynamo graph, input metadata, grad and autocast state, torch's version and configs,
 and the graph module's `_backend_id`, which `backend_id` makes the digest of our compile cache
-key's context (key.context_entries: options, the passes' identity, sources, PJRT environment). Its entries are pickles under torch's cache directory
-(TORCHINDUCTOR_CACHE_DIR), bundled with the OutputCode our compilers return: `CachedGraph`.
+key's context (key.context_entries: options, the passes' identity, sources, PJRT environment).
+Its entries are pickles under torch's cache directory (TORCHINDUCTOR_CACHE_DIR), bundled with
+the OutputCode our compilers return: `CachedGraph`.
 
 A CachedGraph pickles the compile-cache key of its graph and input signature, never the
 executable. On a hit, `post_compile` loads the executable from our checksummed, private compile

@@ -42,7 +42,8 @@ FORMAT = 2  # layout version of a disk entry; entries of another format are igno
 MANIFEST = "manifest.json"
 # `store` and `files.remove_tree` name their temporary directories as `files.TEMP_NAME` says
 # (".tmp-<digest16>-<pid>-<hex8>", ".tmp-rm-<pid>-<hex8>"). Older than `_STALE_SECONDS`, one is
-# a leftover of an interrupted process (a live writer finishes in far less) and `evict`/`clear` remove it.
+# a leftover of an interrupted process (a live writer finishes in far less) and `evict`/`clear`
+# remove it.
 _STALE_SECONDS = 15 * 60
 _DIGEST = re.compile(r"[0-9a-f]{64}")  # the name of an entry's directory
 
