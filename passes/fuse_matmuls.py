@@ -25,10 +25,9 @@ Where the concatenation happens: each concatenation of weights is marked
 `meta[hoist_weights.MARK]`; an inference graph has it split out and made once per parameter
 version (passes/hoist_weights.py, tpu_inductor/hoisted.py), a training graph (whose parameters
 change every call anyway) and an AOT artifact do it in the graph. In the graph, XLA fuses it
-into the dot for one token and copies the weights once per call from 16 tokens on (24 MiB at
-hidden 2048, +1.1 ms on 3.6; the zoo's Llama at hidden 512: 18.3 -> 28.3 MiB of temporaries,
-18.3 again hoisted). Off by default: on this CPU the merged models ran within the noise of the
-unmerged ones (README "Matmul merging").
+into the dot for one token and copies the weights once per call from 16 tokens on (temporaries
+and time: docs/benchmarks.md, "Matmul merging"). Off by default: on the CPU the merged models
+ran within the noise of the unmerged ones.
 
 Preserves: every result (each column or row of the merged matmul is the dot product it was;
 float32 equal to 1e-6 against the unfused graph, tests/passes/test_fuse_matmuls.py), `node.meta["val"]`

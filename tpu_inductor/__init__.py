@@ -53,7 +53,8 @@ def register_lowering(op, *, needs_ctx: bool = False, supports=None):
     op object) with the decorated jax function of its tensors (jax arrays) and other arguments,
     `fn(ctx, ...)` with `needs_ctx` (ctx.out_dtype, ctx.out_shape: the node's result);
     `supports(node)` may decline some calls. An op defined later is found by its name. The
-    rule's source is in the compile cache's key. README: "Lowering a custom op"."""
+    rule's source is in the compile cache's key. Guide: docs/extending.md, "Lowering a custom
+    op"."""
     from tpu_inductor.lowering import register_user_lowering
 
     return register_user_lowering(op, needs_ctx=needs_ctx, supports=supports)

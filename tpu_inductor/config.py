@@ -50,7 +50,7 @@ class ShapeOptions:
     boundaries chosen from the sizes seen (kept in the `plan` file; pow2 until there is one).
     """
 
-    # pow2 by default: on a TPU a compile costs seconds to minutes (bench-shapes: 6-20x fewer)
+    # pow2 by default: on a TPU a compile costs seconds to minutes (docs/shapes.md: policies)
     policy: str = _knob("pow2", choices=("exact", "pow2", "multiple", "sizes", "auto"))
     min_bucket: int = _knob(1, minimum=1)
     multiple: int = _knob(128, minimum=1)
@@ -76,16 +76,15 @@ class FusionOptions:
     accumulating in float32 for 16-bit inputs.
     """
 
-    # off: on this machine the isolated attention forms ran 1.2-1.6x slower fused, whole
-    # models about as fast at 512 tokens (faster at 4096); README "Attention fusion" has the
-    # figures (tools/bench_fuse_attention.py). On once the TPU lowering is Splash attention
+    # off: on XLA:CPU the fused forms are no faster (docs/performance.md, "Fusion options";
+    # figures in docs/benchmarks.md). On once the TPU lowering is Splash attention
     attention: bool = False
     # matmuls sharing an input (Q/K/V, gate/up; their weights' gradients) → one matmul against
     # the weights concatenated (at inference once per parameter version), split after
-    # (passes/fuse_matmuls.py). Off: within the noise here (README "Matmul merging")
+    # (passes/fuse_matmuls.py). Off: within the noise on the CPU (docs/performance.md)
     matmuls: bool = False
     # written-out RMSNorm / LayerNorm → one op (passes/fuse_norms.py). Off: XLA fuses the
-    # unfused chain as well on this CPU (README "Norm fusion"); its value is one op for the TPU
+    # unfused chain as well on the CPU (docs/performance.md); its value is one op for the TPU
     norms: bool = False
 
 

@@ -1,15 +1,13 @@
 """float32 sine and cosine for XLA:CPU as vectorizable arithmetic.
 
-jaxlib 0.10's XLA:CPU emits `sine` and `cosine` as one scalar libm call (sincosf) per element:
-on this project's 2-core machine, 1M float32 elements take 5.2 ms for sin against torch's
-0.24 ms. XLA also fuses the result into each consumer, so a broadcast one (rotary position
-embeddings: cos/sin of [1, seq, dim] times q of [batch, heads, seq, dim]) evaluates it once per
-consumer element: 5-6% of a Llama forward's CPU time went to sincosf.
+jaxlib 0.10's XLA:CPU emits `sine` and `cosine` as one scalar libm call (sincosf) per element,
+many times slower than torch's vectorized ones. XLA also fuses the result into each consumer, so
+a broadcast one (rotary position embeddings: cos/sin of [1, seq, dim] times q of [batch, heads,
+seq, dim]) evaluates it once per consumer element (figures: docs/benchmarks.md).
 
 Here float32 sin and cos are a Cody-Waite reduction by pi/2 and minimax polynomials on
-[-pi/4, pi/4] (the single-precision coefficients of Cephes' sinf/cosf): 0.42 ms for the same 1M
-elements, and within 2.3 ulp of the correctly rounded result (torch: 0.6 ulp) wherever
-|x| <= 8192. pi/2 is split in four parts, the first three of 8, 11 and 11 significant bits, so
+[-pi/4, pi/4] (the single-precision coefficients of Cephes' sinf/cosf), vectorized, and within
+2.3 ulp of the correctly rounded result (torch: 0.6 ulp) wherever |x| <= 8192. pi/2 is split in four parts, the first three of 8, 11 and 11 significant bits, so
 that k * part is exact for every quadrant k below 2^13: arguments next to a multiple of pi/2
 keep their relative accuracy. A tensor with any element beyond 8192, infinite or NaN takes
 XLA's own sine/cosine instead: a max-reduction and a conditional pick the path, and the

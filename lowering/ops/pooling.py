@@ -112,7 +112,7 @@ def _tiled_max_pool_backward(grad, x, indices, kernel):
     """A 2-d max pool's input gradient where the windows tile the input (stride = kernel, no
     padding or dilation): each cell takes its window's gradient where it is the window's saved
     index. One elementwise pass, where `max_pool_backward`'s scatter-add is a serial loop on
-    XLA:CPU (the zoo CNN's pool of 16x32x32x32: 0.66 -> 0.20 ms)."""
+    XLA:CPU."""
     (kh, kw), (height, width) = kernel, x.shape[-2:]
     *lead, oh, ow = grad.shape
     tiled = (*lead, oh * kh, ow * kw)

@@ -5,8 +5,8 @@ Per case (a model, for inference or a training step) every mode gets a cold firs
 then warm-up calls, then N timed samples taken interleaved (eager, inductor, tpu_inductor,
 eager, ...) so that all modes see the same machine. A sample averages `number` calls, chosen
 in warm-up so that one sample lasts at least 5 ms (tiny overhead cases need many calls), and
-follows at least 20 ms of untimed calls of the same mode: torch's OpenMP threads spin for about
-3 ms after an eager or Inductor call, and a sample must not pay for another mode's threads.
+follows at least 20 ms of untimed calls of the same mode: torch's OpenMP threads spin for a
+while after an eager or Inductor call, and a sample must not pay for another mode's threads.
 
 Reported per case and mode: median and interquartile range of the samples; speedups against
 eager and Inductor (their median / this median); the cold first call, for tpu_inductor broken

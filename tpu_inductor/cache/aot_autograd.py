@@ -20,8 +20,8 @@ The backward graph is compiled with the forward (not at the first backward call)
 training graph's entry is written while this module's configuration is in force.
 
 Computing the key, torch registers Inductor's code generators for every device (to hash their
-custom passes), which imports Inductor's codegen: about 0.6 s of every first call, cold or warm,
-for code generators we never run. `active` skips that registration inside our backend call (a
+custom passes), which imports Inductor's codegen: a share of every first call, cold or warm,
+for code generators we never run (docs/benchmarks.md). `active` skips that registration inside our backend call (a
 switch in front of torch's function, per thread and task, installed at the first call); the key
 then hashes the custom passes registered so far (none, unless Inductor ran in this process),
 which can only make a key differ from another process's, never match one it should not.

@@ -81,7 +81,7 @@ def _tensor_change(position: int, before, after, advice: list[str], same_graph: 
         advice.append(f"keep input {position}'s rank fixed")
         return f"{what}: rank {len(old_shape)} → {len(new_shape)}"
     dims = [d for d, (a, b) in enumerate(zip(old_shape, new_shape)) if a != b]
-    for d in dims:  # graphs with symbolic sizes are compiled once per size (README: Shapes)
+    for d in dims:  # graphs with symbolic sizes are compiled once per size (docs/shapes.md)
         why = (
             "a graph with symbolic sizes compiles once per size here"
             if same_graph
