@@ -64,7 +64,7 @@ _LOGS = {
     "tpu_inductor": "tpu_inductor",
     "tpu_inductor_lowering": "tpu_inductor.lowering",
     "tpu_inductor_passes": "tpu_inductor.passes",
-    "tpu_inductor_cache": "tpu_inductor.cache.stores",
+    "tpu_inductor_cache": "tpu_inductor.cache",
 }
 for _alias, _qname in _LOGS.items():
     torch._logging._internal.register_log(_alias, _qname)

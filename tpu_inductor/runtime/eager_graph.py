@@ -1,5 +1,5 @@
 """A graph PJRT failed to compile, run by eager torch in place of its executable (the compile
-fault degrades to eager with a warning under `fallback="eager"`: compile_fx._Specializer)."""
+fault degrades to eager with a warning under `fallback="eager"`: compile_fx's stages)."""
 
 from __future__ import annotations
 
