@@ -2,8 +2,10 @@
 devices.py; the crossings themselves: transfer.py; running the executable: execution.py).
 
 `CompiledGraph.__call__` is the hot path. Everything that can be decided once is decided in
-`__init__`: which inputs cross as tensors, which need a dtype cast, which are parameters kept
-resident on the device (re-sent only when they change), how outputs are rebuilt.
+the graph's plan (call_plan.py), built once in `__init__`: which inputs cross as tensors, which
+need a dtype cast, which are parameters kept resident on the device (re-sent only when they
+change), where each result goes, how outputs are rebuilt. The call reads the plan's fields and
+holds the state that changes between calls (the parameters' device copies, the ledger).
 
 This module reads a lowered module's call description (tensor_inputs, outputs, mutations, ...)
 but never imports the lowering package.
@@ -14,14 +16,22 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from tpu_inductor.runtime import devices, execution, ledger, module_results, residency, transfer
-from tpu_inductor.runtime.host_sync import GRADIENT, host_sync, leaves_stale
+from tpu_inductor.runtime import (
+    call_plan,
+    devices,
+    execution,
+    ledger,
+    module_results,
+    residency,
+    transfer,
+)
+from tpu_inductor.runtime.call_plan import Destination
+from tpu_inductor.runtime.host_sync import GRADIENT, host_sync
 from tpu_inductor.sharding import distributed
 from tpu_inductor.sharding import placement as mesh_placement
 
@@ -45,7 +55,7 @@ class GraphRoles:
     # Per-call inputs that came out of another graph (a gradient): taken from their mirror.
     mirrored_inputs: tuple[int, ...] = ()
     # A backward's gradients of the forward's outputs: autograd's zeros for an output the loss
-    # does not read (a model's logits next to its loss) are not sent again (see CompiledGraph).
+    # does not read (a model's logits next to its loss) are not sent again (call_plan.py).
     tangent_inputs: tuple[int, ...] = ()
     # host_sync="explicit": the inputs it writes and a backward's gradients stay on the device,
     # their host memory stale until tpu_inductor.sync() (host_sync.py).
@@ -75,145 +85,25 @@ class CompiledGraph:
         self.device = device
         self.graph_key = graph_key  # the compile cache's key of graph and inputs, if cached
         self._transfer = transfer.Transfer(device)
-        roles = roles or GraphRoles()
-        saved_inputs, saved_outputs = roles.saved_inputs, frozenset(roles.saved_outputs)
-        # Device copies shared between graphs (none over a mesh: each graph splits its own).
-        self._mirror_key = None if device.mesh else self._transfer.key
-        sizes = [
-            module_results.nbytes(spec, dtype)
-            for spec, dtype in zip(lowered.input_specs, lowered.module_input_dtypes)
-        ]
-        inputs = [  # (argument slot, graph input position, dtype to cast to first, or None)
-            (slot, position, module_dtype if spec.dtype != module_dtype else None)
-            for slot, (position, spec, module_dtype) in enumerate(
-                zip(lowered.tensor_inputs, lowered.input_specs, lowered.module_input_dtypes)
-            )
-        ]
-        static, saved = frozenset(static_inputs), frozenset(saved_inputs) - frozenset(static_inputs)
-        # Buffers the graph writes (a static KV cache) change on every call: taken from the
-        # device copy its own write-back publishes, not restamped as resident state per call.
-        written = static & frozenset(position for position, _ in lowered.mutations)
-        static = static - written
-        # A backward's tangents, on one device: looked up too (another graph's backward may
-        # have returned one), and one that is all zeros takes a device array of zeros sent once
-        # (autograd materializes the gradient of an output nothing differentiated — an LM's
-        # logits beside its loss, batch x length x vocabulary — on every step).
-        tangents = frozenset(roles.tangent_inputs) if self._mirror_key else frozenset()
-        tangents -= frozenset(position for position, _ in lowered.mutations)  # never donated
-        mirrored = (frozenset(roles.mirrored_inputs) | written | tangents) - static - saved
-        self._per_call = tuple(e for e in inputs if e[1] not in static | saved | mirrored)
-        self._tangent_slots = frozenset(
-            slot for slot, position, _ in inputs if position in tangents
-        )
-        self._zeros: dict[int, Any] = {}  # tangent slot → a device array of zeros
-        # Inputs that may be on the device already (a DeviceTensor, a mirror), with the kind a
-        # miss is counted as.
-        miss = {**dict.fromkeys(written, "parameter"), **dict.fromkeys(saved, "saved")}
-        self._looked_up = tuple(
-            (*e, sizes[e[0]], miss.get(e[1], "argument"))
-            for e in inputs
-            if e[1] in saved | mirrored
-        )
-        self._resident_inputs = tuple(entry for entry in inputs if entry[1] in static)
-        self._resident_positions = tuple(position for _, position, _ in self._resident_inputs)
-        self._resident_bytes = tuple(sizes[slot] for slot, _, _ in self._resident_inputs)
-        # Parameters and buffers stay on the device while their stamp holds (see
-        # `_resident_arguments`), in one state replaced whole: threads calling with the
-        # parameters of different modules each use the state they made.
-        self._resident = _Resident.empty(len(inputs))
-        self._output_casts = tuple(
-            spec.dtype if spec.dtype != module_dtype else None
-            for spec, module_dtype in zip(lowered.output_specs, lowered.module_output_dtypes)
-        )
-        self._slots = tuple((slot.result, slot.input, slot.value) for slot in lowered.outputs)
-        self._views = tuple(  # of a module result, or of an input (`slot.input` set)
-            (index, slot.input is not None, *slot.view, slot.view_dtype)
-            for index, slot in enumerate(lowered.outputs)
-            if slot.view
-        )
-        # Per-call arguments the graph returns as saved activations (an input the backward
-        # reads): their arrays become mirrors, so the backward does not send them again.
-        returned = {slot.input for i, slot in enumerate(lowered.outputs) if i in saved_outputs}
-        self._mirrored = tuple(e[:2] for e in self._per_call if e[1] in returned and e[2] is None)
-        self._bumped = frozenset(roles.bumped_inputs)
-        # (module argument, graph input) the executable takes over: buffers it writes in place
-        self._donated = tuple(
-            (slot + lowered.uses_rng, lowered.tensor_inputs[slot]) for slot in lowered.donated
-        )
-        self._donated_bytes = sum(sizes[slot] for slot in lowered.donated)
-        # Module results that stay on the device: read by saved outputs only, as they are.
-        self._defer = defer = roles.defer_host and self._mirror_key is not None
-        kinds = module_results.kinds(lowered, saved_outputs, deferred=defer)
-        self._kept = tuple(
-            r
-            for r, kind in enumerate(kinds)
-            if kind == "kept" and self._output_casts[r] is None and roles.keep_saved
-        )
-        # Results returned as host tensors, which another graph may read next (the next graph
-        # after a graph break, this one again in a loop, a compiled optimizer step reading a
-        # backward's gradients) without sending them again: published as mirrors, a backward's
-        # findable by their memory too (autograd hands a gradient on as a `detach()` of it).
-        publish = self._mirror_key is not None
-        self._by_memory = roles.mirror_outputs
-        self._published = tuple(
-            r
-            for r, kind in enumerate(kinds)
-            if publish
-            and kind == "output"
-            and r not in self._kept
-            and self._output_casts[r] is None
-        )
         # Per module argument (the seed last), how it is split over a mesh; None: one device.
         self._shardings = mesh_placement.argument_shardings(device, lowered, executable)
         self._run = execution.Runner(executable, device, lowered)
-        # Per-call arguments jax's C++ dispatch may take as host arrays (it sends them itself):
-        # not one whose array becomes a mirror, nor a donated one.
-        self._host_slots = frozenset(
-            slot
-            for slot, position, _ in self._per_call
-            if self._run.dispatch is not None
-            and (slot, position) not in self._mirrored
-            and slot not in lowered.donated
+        facts = call_plan.DeviceFacts(
+            mesh=bool(device.mesh),
+            zero_copy=self._transfer.on_cpu,
+            host_arguments=self._run.dispatch is not None,
         )
+        self.plan = call_plan.plan_call(lowered, roles or GraphRoles(), facts, static_inputs)
+        # Device copies shared between graphs (none over a mesh: each graph splits its own).
+        self._mirror_key = self._transfer.key if self.plan.shares_copies else None
+        # Parameters and buffers stay on the device while their stamp holds (see
+        # `_resident_arguments`), in one state replaced whole: threads calling with the
+        # parameters of different modules each use the state they made.
+        self._resident = _Resident.empty(len(self.plan.arguments))
+        self._zeros: dict[int, Any] = {}  # tangent slot → a device array of zeros
         self._multiprocess = bool(device.mesh) and distributed.active()
         self._seed_agreed = not self._multiprocess  # one process: nothing to agree with
-        self.per_call = collections.Counter()  # what one steady-state call moves
-        for slot, _, _ in self._per_call:
-            self.per_call[ledger.HOST_TO_DEVICE, "argument"] += sizes[slot]
-        if lowered.uses_rng:
-            self.per_call[ledger.HOST_TO_DEVICE, "argument"] += 8
-        # Whole new values of inputs written in part: the tensors' device copies, never fetched;
-        # under host_sync="explicit", every written value and part (fetched only where the
-        # tensor is not its whole storage), and a backward's gradients: host tensors left stale.
-        written_values = {r for _, r in lowered.mutations}  # (not the parts: never read then)
-        stays = [
-            r not in written_values or leaves_stale(math.prod(spec.shape))
-            for r, spec in enumerate(lowered.output_specs)
-        ]
-        self._on_device = frozenset(
-            r for r, kind in enumerate(kinds) if kind == "device" or kind == "deferred" and stays[r]
-        )
-        self._deferred = frozenset(
-            r for r in self._on_device if kinds[r] == "deferred" and self._output_casts[r] is None
-        )
-        viewed = {view[2] for view in self._views if not view[1]}
-        self._stale_outputs = tuple(
-            r
-            for r in self._published
-            if defer and roles.mirror_outputs and r not in viewed and stays[r]
-        )
-        # (graph input, module result, its lowering.PartialWrite or None: written whole)
-        parts = {write.position: write for write in lowered.partial_writes}
-        self._write_backs = tuple((p, r, parts.get(p)) for p, r in lowered.mutations)
-        # Results copied to the host: on an accelerator, all their copies are started at once
-        # (jax's copy_to_host_async), so they overlap instead of waiting one after another.
-        self._unfetched = frozenset((*self._kept, *self._on_device, *self._stale_outputs))
-        fetched = [r for r in range(len(kinds)) if r not in self._unfetched]
-        self._prefetched = tuple(fetched) if len(fetched) > 1 and not self._transfer.on_cpu else ()
-        for r in fetched:
-            spec = lowered.output_specs[r]
-            kind = {"kept": "saved", "deferred": "mutation"}.get(kinds[r], kinds[r])
-            self.per_call[ledger.DEVICE_TO_HOST, kind] += module_results.nbytes(spec, spec.dtype)
+        self.per_call = collections.Counter(dict(self.plan.per_call))  # a steady-state call's
         self._calls = ledger.call_count((*self.per_call.items(), (ledger.CALLS, 1)))
         self._crossed = collections.Counter()  # what crossed besides, by (direction, kind)
 
@@ -229,44 +119,48 @@ class CompiledGraph:
         axis per dim cannot say is left out. Empty on one device."""
         if self._run.result_shardings is None:
             return {}
+        results = self.plan.results
         kept = {
             index: self._run.result_shardings[slot.result]
             for index, slot in enumerate(self.lowered.outputs)
-            if slot.result in self._kept and not slot.view
+            if slot.result is not None
+            and results[slot.result].goes is Destination.KEPT
+            and not slot.view
         }
         return mesh_placement.partition_specs(self.device.axes, kept)
 
     def transfer_summary(self) -> dict:
         """For compile records: what a steady-state call moves, what the first call moves
         besides (parameters and buffers sent to the device), and what stays there."""
+        arguments = self.plan.arguments
         return {
             "per_call": ledger.as_dict(self.per_call),
-            "resident_bytes": sum(self._resident_bytes)
-            + sum(e[3] for e in self._looked_up if e[4] == "parameter"),
-            "saved_inputs_bytes": sum(e[3] for e in self._looked_up if e[4] == "saved"),
-            "kept_on_device": len(self._kept),
+            "resident_bytes": sum(a.nbytes for a in arguments if a.sent_as == "parameter"),
+            "saved_inputs_bytes": sum(a.nbytes for a in arguments if a.sent_as == "saved"),
+            "kept_on_device": len(self.plan.kept),
             # buffers the executable updates in place (donated): no second copy on the device
-            "donated_bytes": self._donated_bytes,
+            "donated_bytes": sum(a.nbytes for a in self.plan.donated),
         }
 
     def __call__(self, args: list) -> list:
-        if self._resident_positions:
+        plan = self.plan
+        if plan.resident:
             arrays = list(self._resident_arguments(args))
         else:
             arrays = list(self._resident.arguments)
         to_device, shardings = self._transfer.to_device, self._shardings
-        argument, host_slots = self._transfer.argument, self._host_slots
-        for slot, position, cast in self._per_call:
-            value = args[position] if cast is None else args[position].to(cast)
-            if slot in host_slots:
-                arrays[slot] = argument(value)
+        argument = self._transfer.argument
+        for a in plan.sent:
+            value = args[a.position] if a.cast is None else args[a.position].to(a.cast)
+            if a.host:
+                arrays[a.slot] = argument(value)
             else:
-                arrays[slot] = to_device(value, shardings[slot])
-        if self._looked_up:
+                arrays[a.slot] = to_device(value, shardings[a.slot])
+        if plan.looked_up:
             self._looked_up_arguments(args, arrays)
-        for slot, position in self._mirrored:
-            self._publish(args[position], arrays[slot])
-        if self.lowered.uses_rng:
+        for a in plan.published_arguments:
+            self._publish(args[a.position], arrays[a.slot])
+        if plan.uses_rng:
             seed = torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32)
             if not self._seed_agreed:  # each process sends its own seed to its devices
                 distributed.agree("the random seed of a graph's first call", str(seed.tolist()))
@@ -279,31 +173,35 @@ class CompiledGraph:
         outs = self._outputs(results)
         if self._multiprocess:
             distributed.execution_finished()
-        put = residency.mirrors.put_output if self._by_memory else residency.mirrors.put
-        for r in self._published:  # (on the CPU, an output reads its array's memory: to_torch)
+        put = residency.mirrors.put_output if plan.outputs_by_memory else residency.mirrors.put
+        for r in plan.published:  # (on the CPU, an output reads its array's memory: to_torch)
             put(outs[r], self._mirror_key, results[r])
-        for position, result, part in self._write_backs:
-            tensor = args[position]
-            if result in self._deferred and host_sync.defer(
+        for write in plan.write_backs:
+            tensor, result = args[write.position], write.result
+            if write.deferred and host_sync.defer(
                 tensor, results[result], self._mirror_key, self._transfer.to_torch
             ):
                 residency.mirrors.put(tensor, self._mirror_key, results[result])
                 continue
-            if part is not None and not self._defer:  # the part written: its pieces fetched
-                module_results.write_part(tensor, part, outs)
+            if write.part is not None:  # the part written: its pieces fetched
+                module_results.write_part(tensor, write.part, outs)
             else:
                 tensor.copy_(self._host_value(outs, results, result))
-            if self._mirror_key is not None:
+            if plan.shares_copies:
                 self._mirror_written(tensor, results[result])
         returned = [
-            outs[result] if result is not None else value if source is None else args[source]
-            for result, source, value in self._slots
+            outs[o.result]
+            if o.result is not None
+            else o.value
+            if o.input is None
+            else args[o.input]
+            for o in plan.returns
         ]
-        for index, of_input, base, size, stride, offset, dtype in self._views:
-            viewed = args[base] if of_input else outs[base]
-            if dtype is not None:  # a result: contiguous, so its flat view is one
-                viewed = viewed.reshape(-1).view(dtype)
-            returned[index] = viewed.as_strided(size, stride, offset)
+        for v in plan.views:
+            viewed = args[v.base] if v.of_input else outs[v.base]
+            if v.dtype is not None:  # a result: contiguous, so its flat view is one
+                viewed = viewed.reshape(-1).view(v.dtype)
+            returned[v.index] = viewed.as_strided(v.size, v.stride, v.offset)
         args.clear()
         return returned
 
@@ -311,10 +209,9 @@ class CompiledGraph:
         """Module result `r` on the host: fetched already, or now (a value left on the device
         for a tensor that turned out not to be its whole storage: counted)."""
         if outs[r] is None:
-            spec = self.lowered.output_specs[r]
-            entry = ((ledger.DEVICE_TO_HOST, "mutation"), module_results.nbytes(spec, spec.dtype))
-            ledger.add([entry], self._crossed)
-            cast = self._output_casts[r]
+            result = self.plan.results[r]
+            ledger.add([((ledger.DEVICE_TO_HOST, "mutation"), result.nbytes)], self._crossed)
+            cast = result.cast
             outs[r] = self._transfer.to_torch(results[r])
             outs[r] = outs[r] if cast is None else outs[r].to(cast)
         return outs[r]
@@ -324,16 +221,17 @@ class CompiledGraph:
         deleted by the call: one that is another tensor's (a DeviceTensor's) is copied first;
         if the call fails, the mirrors of the donated tensors are dropped (the host tensors,
         not yet written, are sent again)."""
-        if not self._donated:
+        donated = self.plan.donated
+        if not donated:
             return self._run(arrays)
-        for slot, position in self._donated:
-            if args[position].__class__ is residency.DeviceTensor:
-                arrays[slot] = arrays[slot].copy()
+        for a in donated:
+            if args[a.position].__class__ is residency.DeviceTensor:
+                arrays[a.argument] = arrays[a.argument].copy()
         try:
             return self._run(arrays)
         except BaseException:
-            for _, position in self._donated:
-                residency.mirrors.discard(args[position])
+            for a in donated:
+                residency.mirrors.discard(args[a.position])
             raise
 
     def _mirror_written(self, tensor: torch.Tensor, array) -> None:
@@ -351,22 +249,25 @@ class CompiledGraph:
 
     def _outputs(self, results) -> list:
         """Module results as torch tensors; those kept on the device as DeviceTensors."""
-        to_torch, specs = self._transfer.to_torch, self.lowered.output_specs
-        for r in self._prefetched:
+        to_torch, plan = self._transfer.to_torch, self.plan
+        for r in plan.prefetched:
             results[r].copy_to_host_async()
         outs = [
-            None if r in self._unfetched else to_torch(x) if cast is None else to_torch(x).to(cast)
-            for r, (x, cast) in enumerate(zip(results, self._output_casts))
+            None
+            if p.goes is not Destination.HOST
+            else to_torch(x)
+            if p.cast is None
+            else to_torch(x).to(p.cast)
+            for x, p in zip(results, plan.results)
         ]
-        for r in self._kept:
-            spec = specs[r]
-            outs[r] = residency.DeviceTensor(
-                results[r], spec.shape, spec.dtype, to_torch, self._transfer.key
+        for p in plan.kept:
+            outs[p.index] = residency.DeviceTensor(
+                results[p.index], p.shape, p.dtype, to_torch, self._transfer.key
             )
         on_cpu = self._transfer.on_cpu  # (the CPU's zero-copy tensor costs nothing)
-        for r in self._stale_outputs:  # gradients under host_sync="explicit"
-            spec = specs[r]
-            outs[r] = to_torch(results[r]) if on_cpu else torch.empty(spec.shape, dtype=spec.dtype)
+        for p in plan.stale:  # gradients under host_sync="explicit"
+            r = p.index
+            outs[r] = to_torch(results[r]) if on_cpu else torch.empty(p.shape, dtype=p.dtype)
             host_sync.defer(outs[r], results[r], self._mirror_key, to_torch, GRADIENT)
         return outs
 
@@ -375,8 +276,8 @@ class CompiledGraph:
         DeviceTensor's own, a mirror's, the zeros kept for a tangent slot (the check reads host
         memory, faster than the link to a TPU), or sent (counted)."""
         key, sent = self._mirror_key, collections.Counter()
-        for slot, position, cast, size, kind in self._looked_up:
-            value = args[position]
+        for a in self.plan.looked_up:
+            value, slot, cast = args[a.position], a.slot, a.cast
             if (
                 value.__class__ is residency.DeviceTensor
                 and value.device_key == self._transfer.key
@@ -385,19 +286,19 @@ class CompiledGraph:
                 arrays[slot] = self._resharded(value.array, self._shardings[slot])
                 continue
             if key is not None and cast is None:
-                array = residency.mirrors.get(value, key, position in self._bumped)
+                array = residency.mirrors.get(value, key, a.bumped)
                 if array is not None:
                     arrays[slot] = array
                     continue
             value = value if cast is None else value.to(cast)
-            zero = slot in self._tangent_slots and not host_sync.is_stale(value) and not value.any()
+            zero = a.zeros and not host_sync.is_stale(value) and not value.any()
             array = self._zeros.get(slot) if zero else None
             if array is None:
                 # (kept zeros are a copy: a zero-copy CPU array would read a tensor written later)
                 array = self._transfer.to_device(
                     value.clone() if zero else value, self._shardings[slot]
                 )
-                sent[ledger.HOST_TO_DEVICE, kind] += size
+                sent[ledger.HOST_TO_DEVICE, a.sent_as] += a.nbytes
                 if zero:
                     self._zeros[slot] = array
                 elif key is not None and cast is None:
@@ -432,7 +333,7 @@ class CompiledGraph:
         The parameters are not kept alive: when one dies, the state is dropped (its arrays hold
         the memory; and an identity or a storage could then be reused by another tensor).
         """
-        tensors = [args[position] for position in self._resident_positions]
+        tensors = [args[position] for position in self.plan.resident_positions]
         stamp = residency.stamps(tensors)
         state = self._resident
         if stamp != state.stamp:
@@ -440,19 +341,20 @@ class CompiledGraph:
         if not state.copies:
             return state.arguments
         arguments = list(state.arguments)  # this call's: the state's copies stay as they are
+        resident = self.plan.resident
         for index in state.copies:
-            arguments[self._resident_inputs[index][0]] = self._send(index, tensors[index])
+            arguments[resident[index].slot] = self._send(index, tensors[index])
         return arguments
 
     def _resend(self, tensors, stamp: list, state: _Resident) -> _Resident:
         """A new state, published: the changed parameters and the CPU copies sent again."""
         previous = state.stamp or [None] * len(stamp)
-        arguments = list(state.arguments)
+        arguments, resident = list(state.arguments), self.plan.resident
         copies = []
         for index, (tensor, now, before) in enumerate(zip(tensors, stamp, previous)):
             if now != before or index in state.copies:
                 array = self._send(index, tensor)
-                arguments[self._resident_inputs[index][0]] = array
+                arguments[resident[index].slot] = array
                 if (
                     self._transfer.on_cpu
                     and not self._transfer.aliases(array, tensor)
@@ -468,17 +370,14 @@ class CompiledGraph:
     def _send(self, index: int, tensor: torch.Tensor):
         """Resident parameter `index` (cast to the module's dtype if need be) on the device:
         a device copy another graph holds at its stamp, else sent (and counted)."""
-        slot, position, cast = self._resident_inputs[index]
-        key = self._mirror_key if cast is None else None
-        bumped = position in self._bumped
-        array = None if key is None else residency.mirrors.get(tensor, key, bumped)
+        a = self.plan.resident[index]
+        key = self._mirror_key if a.cast is None else None
+        array = None if key is None else residency.mirrors.get(tensor, key, a.bumped)
         if array is not None:
             return array
-        value = tensor if cast is None else tensor.to(cast)
-        array = self._transfer.to_device(value, self._shardings[slot])
-        ledger.add(
-            [((ledger.HOST_TO_DEVICE, "parameter"), self._resident_bytes[index])], self._crossed
-        )
+        value = tensor if a.cast is None else tensor.to(a.cast)
+        array = self._transfer.to_device(value, self._shardings[a.slot])
+        ledger.add([((ledger.HOST_TO_DEVICE, a.sent_as), a.nbytes)], self._crossed)
         if key is not None:
             self._publish(tensor, array)
         return array
