@@ -240,7 +240,7 @@ def _register_custom_calls(device: Device, module: bytes | str) -> None:
     jax registers them while lowering the ops that use them; an executable deserialized from
     the cache, or compiled from StableHLO that this process did not lower, calls them too, and
     an unregistered target crashes the process (as jax.export's deserialization also guards).
-    Registering costs about 80 ms on first use, so it is skipped for modules without custom
+    Registering is slow on first use, so it is skipped for modules without custom
     calls (the op's name is in both the text and the bytecode's string table).
     """
     marker = b"custom_call" if isinstance(module, bytes) else "custom_call"
@@ -254,11 +254,9 @@ def _register_custom_calls(device: Device, module: bytes | str) -> None:
 
 # XLA options we set per executable, by platform, unless XLA_FLAGS names the same option.
 # CPU: jaxlib 0.10's YNNPACK fusion types less INDIVIDUAL_CONVOLUTION (same fusions otherwise,
-# checked on the zoo's HLO): convolutions by XLA's own emitter. Measured on this project's
-# 2-core machine (jax convolutions, NCHW 3x3, forward / backward): 16x64x32x32→64 12.8 / 49.0 ms
-# → 6.2 / 13.5 ms; 4x64x56x56→64 7.5 / 29.9 → 4.6 / 11.9; 8x256x14x14→256 7.8 / 16.8 → 7.7 /
-# 15.0; the zoo's CNN 3.6 → 2.1-2.8 ms per inference call. (Per-executable options take enum
-# names and replace the whole list; XLA_FLAGS' "-individual_convolution" form is not accepted.)
+# checked on the zoo's HLO): convolutions by XLA's own emitter, faster forward and backward
+# (figures: docs/benchmarks.md). (Per-executable options take enum names and replace the whole
+# list; XLA_FLAGS' "-individual_convolution" form is not accepted.)
 _XLA_OPTIONS = {
     "cpu": {
         "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,"

@@ -7,9 +7,8 @@ on the device, runs the executable and builds the result arrays without entering
 Python runs only on a cache miss. Our executables are compiled by our own PJRT client, not by
 jit, so we build that object ourselves: its cache miss runs the executable from Python once
 (`LoadedExecutable.execute_sharded`) and hands the C++ side what jit's own miss hands it (the
-executable, the argument and result shardings, the result avals). Measured on this project's
-2-core machine, a 1-op graph: 4.7 µs per call from jax arrays against 5.9 µs for Python's
-execute and result arrays.
+executable, the argument and result shardings, the result avals): faster per call than
+Python's execute and result arrays (docs/benchmarks.md, "Per call").
 
 The object is jax-internal (jaxlib 0.10's signature): where this jax builds it differently,
 `executable_call` returns None and the runtime keeps the Python path (logged once).

@@ -249,7 +249,7 @@ def _torch_marks() -> tuple[Callable, Callable] | None:
 
 
 def _shim_marks() -> tuple[Callable, Callable]:
-    """The mark through the C++ shim, compiled for this torch build on first use (about 1 s)."""
+    """The mark through the C++ shim, compiled for this torch build on first use."""
     library = ctypes.CDLL(str(_built_shim()))
     library.tpu_inductor_mark_stale.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
     library.tpu_inductor_clear_stale.argtypes = [ctypes.c_void_p]

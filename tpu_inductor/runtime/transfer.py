@@ -26,8 +26,8 @@ _NUMPY_DTYPES = frozenset(
 class Transfer:
     """torch tensor ↔ jax array on one device, by the fastest path this jax/torch pair has.
 
-    CPU: zero-copy dlpack, through jaxlib's and torch's C entry points when present (about 5x
-    less per-call overhead than the public `from_dlpack` wrappers, and no int64 narrowing).
+    CPU: zero-copy dlpack, through jaxlib's and torch's C entry points when present (less
+    per-call overhead than the public `from_dlpack` wrappers, and no int64 narrowing).
     Other devices: zero-copy to a host array, then one `device_put` (split into shards by the
     argument's sharding on a mesh). A CPU mesh: a copy of each device's shard (see `to_device`).
     """
