@@ -25,7 +25,7 @@ _CHILD = """
 import json, sys, time
 import torch
 from tpu_inductor.bench import models as bench_models
-from tpu_inductor.debug import records as debug
+from tpu_inductor.debug import records
 model, inputs = bench_models.build(bench_models.resolve({model!r}))
 compiled = torch.compile(model, backend="tpu_inductor", options={{"cache_dir": {cache_dir!r}}})
 
@@ -48,12 +48,12 @@ else:
         first = time.perf_counter() - start
         error = (out - output(model(*inputs))).abs().max().item()
 stages = {{}}
-for record in debug.records:
+for record in records.records:
     for name, seconds in record.timings.items():
         stages[name] = stages.get(name, 0.0) + seconds
 decisions = [
     record.cache.get("decision") + ("+aot_autograd_hit" if record.cache.get("aot_autograd") else "")
-    for record in debug.records
+    for record in records.records
 ]
 print(json.dumps({{"first_call": first, "error": error, "stages": stages, "decisions": decisions}}))
 """

@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tpu_inductor.lowering.ops import attention_kernels  # noqa: E402
 
 from tests import hf_zoo  # noqa: E402
-from tpu_inductor.aot import artifact as aot
+from tpu_inductor.aot import artifact
 from tpu_inductor.aot import compile as aot_compile
-from tpu_inductor.cache import stores as cache
+from tpu_inductor.cache import stores
 from tpu_inductor.runtime import devices  # noqa: E402
 
 
@@ -46,7 +46,7 @@ def tpu_kernel_choices(
     if attn:
         model.set_attn_implementation(attn)
     before = collections.Counter(attention_kernels.counters)
-    inputs = [aot.parse_input(f"input_ids:int64[{size.batch},{size.seq}]")]
+    inputs = [artifact.parse_input(f"input_ids:int64[{size.batch},{size.seq}]")]
     options = options or {"fusion": {"attention": True}, "cache": False}
     with tempfile.TemporaryDirectory() as out:
         aot_compile.compile_model(
@@ -109,7 +109,7 @@ def decode_temporaries(cached: int, new: int, hidden: int) -> dict[bool, tuple[i
         results[None] = (0, step(model))
         for fuse in (False, True):
             temporaries.clear()
-            cache.memory_cache.clear()
+            stores.memory_cache.clear()
             devices.forget_executables()
             torch._dynamo.reset()
             options = {"cache": False, "fallback": "error", "fusion": {"attention": fuse}}

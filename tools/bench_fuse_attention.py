@@ -46,7 +46,7 @@ from tpu_inductor.passes import pipeline  # noqa: E402
 from tests import hf_zoo  # noqa: E402
 from tests.attention_forms import _repeat_kv, _tril  # noqa: E402
 from tools.bench_attention_kernels import tpu_kernel_choices  # noqa: E402
-from tpu_inductor.cache import stores as cache
+from tpu_inductor.cache import stores
 from tpu_inductor.runtime import devices  # noqa: E402
 
 HEADS, KV_HEADS, DIM = 8, 2, 64
@@ -114,7 +114,7 @@ def _timed(call, repeat: int, fusion: str = "attention", train: bool = False) ->
     temporaries (MiB) of what compiled (summed over its executables, counted), and what
     `fusion` fused, under no_grad unless `train`."""
     _temps.clear()
-    cache.memory_cache.clear()  # an executable another configuration compiled is compiled again
+    stores.memory_cache.clear()  # an executable another configuration compiled is compiled again
     devices.forget_executables()
     before = collections.Counter(pipeline.counters)
     with torch.set_grad_enabled(train):

@@ -16,7 +16,7 @@ import torch
 
 from tpu_inductor import decompositions
 from tpu_inductor.config import Options
-from tpu_inductor.debug import records as debug
+from tpu_inductor.debug import records
 from tpu_inductor.exc import DeviceError
 from tpu_inductor.runtime import residency
 from tpu_inductor.sharding import shard as sharding
@@ -34,7 +34,7 @@ def tpu_inductor(
 ):
     """Compile a Dynamo FX graph; returns a callable with the graph's calling convention."""
     opts = Options.from_user(options, mode)
-    debug.dynamo_graph(gm, opts)
+    records.dynamo_graph(gm, opts)
     if any(isinstance(v, torch.Tensor) and v.is_meta for v in example_inputs):  # shapes only
         log.warning("tpu_inductor: a graph of meta tensors has nothing to compute: eager torch")
         return gm.forward

@@ -31,13 +31,18 @@ import torch
 from tpu_inductor import lowering, partition
 from tpu_inductor.cache import key, lookup
 from tpu_inductor.config import Options
-from tpu_inductor.debug import records as debug
+from tpu_inductor.debug import records
 from tpu_inductor.exc import CompileError
 from tpu_inductor.passes import annotate_sharding, bucket_shapes, hoist_weights, pipeline, shapes
 from tpu_inductor.passes.context import PassContext
-from tpu_inductor.runtime import buckets as bucketing
-from tpu_inductor.runtime import compiled_graph, devices, eager_graph, hoisted
-from tpu_inductor.runtime import size_dispatch as dispatch
+from tpu_inductor.runtime import (
+    buckets,
+    compiled_graph,
+    devices,
+    eager_graph,
+    hoisted,
+    size_dispatch,
+)
 from tpu_inductor.sharding import collectives
 from tpu_inductor.sharding import shard as sharding
 
@@ -68,7 +73,7 @@ def compile_graph(
     # (get_attr) must be read as real tensors.
     with unset_fake_temporarily():
         device = devices.select_device(options.device)
-        observer = debug.GraphObserver(debug.graph_name(kind), options)
+        observer = records.GraphObserver(records.graph_name(kind), options)
         observer.graph(f"aten_{kind}", gm)
         gm = _passes(gm, example_inputs, options, device.lowering_platform, observer, placements)
         layout = annotate_sharding.layout_of(gm)
@@ -92,7 +97,10 @@ def compile_graph(
             observer.fallback(missing, device.lowering_platform)
 
         def compile_region(region, region_observer):
-            values, region_options = dispatch.placeholder_values(region), region_observer.options
+            values, region_options = (
+                size_dispatch.placeholder_values(region),
+                region_observer.options,
+            )
             return _compile_whole(region, values, region_observer, region_options, device, ())
 
         return partition.split(gm, options, device.lowering_platform, observer, compile_region)
@@ -120,7 +128,7 @@ def compile_artifact_graph(
 def artifact_passes(gm, inputs, options: Options, *, name: str, platform: str) -> tuple:
     """Stages 1-2 of an artifact's graph (`inputs` may be symbolic: one pass for every bucket):
     (the graph after the passes, its observer, the platform), for `compile_artifact_bucket`."""
-    observer = debug.GraphObserver(name, options)
+    observer = records.GraphObserver(name, options)
     observer.graph("aten_export", gm)
     gm = _passes(gm, inputs, options, platform, observer)
     missing = partition.missing(gm, options, platform)
@@ -138,9 +146,9 @@ def compile_artifact_bucket(passed: tuple, inputs, options: Options, *, device, 
     graph = _graph(gm, options, device, observer, platform=platform, shardings=shardings)
     scalars = shapes.value_only_inputs(gm)
     if device is None:
-        record = observer.record(dispatch.input_signature(inputs), graph.fingerprint)
+        record = observer.record(size_dispatch.input_signature(inputs), graph.fingerprint)
         lowered = _lower(graph, inputs, scalars, _shardings(graph, inputs), record)
-        debug.finish(record)
+        records.finish(record)
         return lowered, None
     compiled = _specialize(graph, inputs, scalars)
     return compiled.lowered, compiled.executable
@@ -158,8 +166,8 @@ def load_cached(
     cache only (None if absent). AOTAutogradCache keeps `graph_key` and not the graph: the rest
     of the key is this process's (options, passes, environment)."""
     device = devices.select_device(options.device)
-    observer = debug.GraphObserver(debug.graph_name(kind), options)
-    record = observer.record(dispatch.input_signature(example_inputs))
+    observer = records.GraphObserver(records.graph_name(kind), options)
+    record = observer.record(size_dispatch.input_signature(example_inputs))
     record.cache["aot_autograd"] = "hit"
     record.cache["stages_skipped"] = "ATen graph and passes: nothing was traced in this process"
     compile_key = key.for_compile(graph_key, options, device)
@@ -194,16 +202,18 @@ def _compile_whole(
     graph = _graph(
         gm, options, device, observer, static_inputs, roles=roles, donate=device.holds_copies
     )
-    if example_inputs is not None and all(dispatch.is_concrete(v) for v in example_inputs):
+    if example_inputs is not None and all(size_dispatch.is_concrete(v) for v in example_inputs):
         return _specialize(graph, example_inputs)
     scalars = shapes.value_only_inputs(gm)
     specialize = functools.partial(_specialize, graph)
-    sizes = dispatch.SizeDispatch(specialize, observer.name, scalars, options.shapes.max_compiles)
+    sizes = size_dispatch.SizeDispatch(
+        specialize, observer.name, scalars, options.shapes.max_compiles
+    )
     layout = bucket_shapes.layout_of(gm)
     if isinstance(layout, bucket_shapes.Refusal):
         observer.bucketing = {"refused": layout.reason}
     if isinstance(layout, bucket_shapes.BucketLayout):
-        return bucketing.BucketDispatch(sizes, layout, options.shapes, observer)
+        return buckets.BucketDispatch(sizes, layout, options.shapes, observer)
     return sizes
 
 
@@ -220,7 +230,7 @@ def _compile_hoisted(
     split: hoist_weights.Split, example_inputs, observer, options, device, static_inputs, roles
 ) -> hoisted.HoistedGraph:
     """Stages 3-6 of both halves of a hoisted split (hoisted.roles: what each takes and keeps)."""
-    made = debug.GraphObserver(f"{observer.name}_weights", options)
+    made = records.GraphObserver(f"{observer.name}_weights", options)
     made.graph("hoisted_prologue", split.prologue)
     observer.graph("hoisted_main", split.main)
     sources = [example_inputs[i] for i in split.sources]
@@ -234,8 +244,8 @@ def _compile_hoisted(
 
 def _concrete_signature(inputs: Sequence[Any]) -> tuple | None:
     """The input signature, or None while sizes are symbolic."""
-    concrete = all(dispatch.is_concrete(v) for v in inputs)
-    return dispatch.input_signature(inputs) if concrete else None
+    concrete = all(size_dispatch.is_concrete(v) for v in inputs)
+    return size_dispatch.input_signature(inputs) if concrete else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,7 +256,7 @@ class _Graph:
     options: Options
     device: devices.Device | None
     platform: str
-    observer: debug.GraphObserver
+    observer: records.GraphObserver
     static_inputs: tuple[int, ...]
     roles: compiled_graph.GraphRoles
     separate: frozenset[int]  # outputs the module returns as results of their own
@@ -303,11 +313,11 @@ def _specialize(graph: _Graph, inputs: Sequence[Any], scalars: frozenset[int] = 
         donate_writes=graph.donate,
     )
     compile_key = key.for_compile(graph_key, options, device)
-    record = graph.observer.record(dispatch.input_signature(inputs), graph.fingerprint)
+    record = graph.observer.record(size_dispatch.input_signature(inputs), graph.fingerprint)
     try:
         found = lookup.find(compile_key, options, device, record)
         if found is None:
-            dispatch.check_compile_allowed(record.graph, record.inputs, record.bucketing)
+            size_dispatch.check_compile_allowed(record.graph, record.inputs, record.bucketing)
             lowered = _lower(graph, inputs, scalars, shardings, record)
             found = _compile(lowered, device, record)
             lookup.store(compile_key, found, options, device, record)
@@ -338,7 +348,7 @@ def _shardings(graph: _Graph, inputs) -> lowering.Shardings | None:
     return lowering.Shardings(*sharding.module_split(layout, graph.device.axes, inputs, saved))
 
 
-def _lower(graph: _Graph, inputs, scalars, shardings, record: debug.CompileRecord):
+def _lower(graph: _Graph, inputs, scalars, shardings, record: records.CompileRecord):
     """Stage 4: the graph at the sizes of `inputs`, lowered to a StableHLO module."""
     from tpu_inductor.lowering import torch_mlir
 
@@ -364,7 +374,7 @@ def _lower(graph: _Graph, inputs, scalars, shardings, record: debug.CompileRecor
         return record.run("lower", lower)
 
 
-def _compile(lowered, device: devices.Device, record: debug.CompileRecord) -> tuple[Any, Any]:
+def _compile(lowered, device: devices.Device, record: records.CompileRecord) -> tuple[Any, Any]:
     """Stage 5: PJRT's executable of a lowered module: (executable, lowered module)."""
     executable = record.run("pjrt_compile", lambda: devices.compile_module(lowered, device))
     log.info(
@@ -388,7 +398,7 @@ def _wrap(found, graph_key, compile_key, device, options: Options, static_inputs
     static = tuple(dict.fromkeys((*static_inputs, *mutated))) if options.resident_params else ()
     compiled = compiled_graph.CompiledGraph(executable, lowered, device, static, graph_key, roles)
     record.transfers = compiled.transfer_summary()
-    debug.finish(record)
+    records.finish(record)
     return compiled
 
 

@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tests.helpers import assert_same, compile_tpu
-from tpu_inductor.cache import stores as cache
+from tpu_inductor.cache import stores
 from tpu_inductor.config import Options
 from tpu_inductor.debug import records as debug
 from tpu_inductor.exc import (
@@ -142,12 +142,12 @@ def test_seen_shapes_never_relower_or_recompile():
     x = torch.randn(4, 8)
     with torch.no_grad():
         assert_same(compiled(x), model(x))
-        records, misses = len(debug.records), cache.counters["miss"]
+        records, misses = len(debug.records), stores.counters["miss"]
         for _ in range(3):
             y = torch.randn(4, 8)
             assert_same(compiled(y), model(y))
     assert len(debug.records) == records
-    assert cache.counters["miss"] == misses
+    assert stores.counters["miss"] == misses
 
 
 def test_identical_graph_compiled_twice_hits_memory_cache():
@@ -155,10 +155,10 @@ def test_identical_graph_compiled_twice_hits_memory_cache():
     x = torch.randn(2, 6)
     with torch.no_grad():
         compile_tpu(model)(x)
-        hits = cache.counters["hit"]
+        hits = stores.counters["hit"]
         torch._dynamo.reset()
         assert_same(compile_tpu(model)(x), model(x))
-    assert cache.counters["hit"] == hits + 1
+    assert stores.counters["hit"] == hits + 1
 
 
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # jax's warning at the fork

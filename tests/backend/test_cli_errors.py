@@ -117,13 +117,13 @@ def _run_unprivileged(code: str, *args) -> subprocess.CompletedProcess:
 _COMPILE_IN_EACH = """
     import os, sys, torch
     from tests.helpers import compile_aten
-    from tpu_inductor.cache import stores as cache
+    from tpu_inductor.cache import stores
     if os.access(sys.argv[1], os.R_OK):
         sys.exit(print("SKIP"))
     fn = lambda x, y: (x @ y).relu() + 1
     x, y = torch.randn(4, 4), torch.randn(4, 4)
     for directory in sys.argv[1:]:
-        cache.memory_cache.clear()
+        stores.memory_cache.clear()
         compiled = compile_aten(fn, (x, y), {"cache_dir": directory})
         torch.testing.assert_close(compiled(x, y), fn(x, y))
 """

@@ -17,9 +17,8 @@ from tpu_inductor.passes import pipeline
 
 from tests.helpers import assert_same
 from tpu_inductor import cli
-from tpu_inductor.cache import stores as cache
-from tpu_inductor.debug import records as debug
-from tpu_inductor.debug import report
+from tpu_inductor.cache import stores
+from tpu_inductor.debug import records, report
 from tpu_inductor.exc import SymbolicSizeError
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -82,11 +81,11 @@ def _plain(x):
 
 def _run(fn, x, **options):
     torch._dynamo.reset()
-    cache.memory_cache.clear()
-    before = len(debug.records)
+    stores.memory_cache.clear()
+    before = len(records.records)
     torch.manual_seed(1234)
     out = torch.compile(fn, backend="tpu_inductor", options={"cache": False, **options})(x)
-    return out, [r.fingerprint for r in debug.records[before:]]  # their key's graph entries
+    return out, [r.fingerprint for r in records.records[before:]]  # their key's graph entries
 
 
 def _churn(gm, ctx):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.helpers import assert_same, compile_tpu
-from tpu_inductor.cache import stores as cache
+from tpu_inductor.cache import stores
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -43,11 +43,11 @@ def test_outputs_that_share_a_storage_are_views_of_it(from_disk, outputs):
         with torch.no_grad():
             compile_tpu(outputs)(x)
         torch._dynamo.reset()
-        cache.memory_cache.clear()  # the call description then comes back from its JSON
-    hits = cache.counters["disk_hit"]
+        stores.memory_cache.clear()  # the call description then comes back from its JSON
+    hits = stores.counters["disk_hit"]
     with torch.no_grad():
         got_all = compile_tpu(outputs)(x)
-    assert cache.counters["disk_hit"] == hits + from_disk
+    assert stores.counters["disk_hit"] == hits + from_disk
     want_all = outputs(x)
     for got, want in zip(got_all, want_all):
         assert_same(got, want)

@@ -21,8 +21,8 @@ from torch._dynamo.utils import counters
 from tests.backend.test_fallback import _uses_unsupported_op
 from tests.helpers import assert_same, grads_of
 from tpu_inductor import decompositions
-from tpu_inductor.cache import stores as cache
-from tpu_inductor.debug import records as debug
+from tpu_inductor.cache import stores
+from tpu_inductor.debug import records
 
 
 class _Net(torch.nn.Module):
@@ -37,7 +37,7 @@ class _Net(torch.nn.Module):
 
 def _fresh_start() -> None:
     torch._dynamo.reset()
-    cache.memory_cache.clear()
+    stores.memory_cache.clear()
     counters.clear()
     decompositions.table.cache_clear()
 
@@ -61,10 +61,10 @@ def test_inference_warm_start_hits_aot_autograd_cache_and_skips_lowering(net, tm
         assert_same(_compile(model, tmp_path)(x), model(x))
         assert counters["aot_autograd"]["autograd_cache_saved"] == 1
         _fresh_start()
-        first_record = len(debug.records)
+        first_record = len(records.records)
         assert_same(_compile(model, tmp_path)(x), model(x))
     assert counters["aot_autograd"]["autograd_cache_hit"] == 1
-    (record,) = debug.records[first_record:]
+    (record,) = records.records[first_record:]
     assert record.cache["aot_autograd"] == "hit" and record.cache["decision"] == "disk_hit"
     assert "lower" not in record.timings and "pjrt_compile" not in record.timings
     assert "_table" not in vars(decompositions.table()), "a warm start built decompositions"
@@ -79,9 +79,9 @@ def test_training_warm_start_gives_eager_gradients(net, tmp_path):
         loss = _compile(trained, tmp_path)(x).square().sum()
         assert_same(grads_of(trained, loss), expected)
     assert counters["aot_autograd"]["autograd_cache_hit"] == 1
-    kinds = {r.graph.split("_")[0] for r in debug.records[-2:]}
+    kinds = {r.graph.split("_")[0] for r in records.records[-2:]}
     assert kinds == {"forward", "backward"}
-    assert all(r.cache.get("aot_autograd") == "hit" for r in debug.records[-2:])
+    assert all(r.cache.get("aot_autograd") == "hit" for r in records.records[-2:])
 
 
 def test_our_entry_gone_means_a_recompile_not_an_error(net, tmp_path):
@@ -91,9 +91,9 @@ def test_our_entry_gone_means_a_recompile_not_an_error(net, tmp_path):
         _compile(model, tmp_path / "ours")(x)
         shutil.rmtree(tmp_path / "ours")  # torch's entry stays, ours is gone
         _fresh_start()
-        first_record = len(debug.records)
+        first_record = len(records.records)
         assert_same(_compile(model, tmp_path / "ours")(x), model(x))
-    gone, recompiled = debug.records[first_record:]
+    gone, recompiled = records.records[first_record:]
     assert gone.status == "failed" and "not in the compile cache" in gone.error
     assert recompiled.cache["decision"] == "miss" and "lower" in recompiled.timings
     assert counters["aot_autograd"]["autograd_cache_hit"] == 0

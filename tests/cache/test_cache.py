@@ -16,11 +16,10 @@ import torch
 
 from tests.helpers import assert_same, compile_aten
 from tpu_inductor import cli
-from tpu_inductor.cache import lookup
-from tpu_inductor.cache import stores as cache
+from tpu_inductor.cache import lookup, stores
 from tpu_inductor.cache.key import CacheKey, for_graph, sha256, xla_flags
 from tpu_inductor.config import Options
-from tpu_inductor.debug import records as debug
+from tpu_inductor.debug import records
 from tpu_inductor.exc import CacheError
 
 
@@ -33,11 +32,11 @@ _ARGS = (torch.randn(4, 4), torch.randn(4, 4))
 
 def _compile_into(directory, fn=_fn, args=_ARGS):
     """Compile `fn` with the disk cache at `directory`, memory level emptied first; call it."""
-    cache.memory_cache.clear()
+    stores.memory_cache.clear()
     compiled = compile_aten(fn, args, {"cache_dir": str(directory)})
     result = compiled(*args)
     assert_same(result, fn(*args))
-    return debug.records[-1]
+    return records.records[-1]
 
 
 def _entry_dirs(directory):
@@ -58,10 +57,10 @@ def test_key_entries_hash_separately_and_explain_names_the_difference():
 
 def test_unhashable_entry_bypasses_the_cache():
     assert for_graph("g", [object()]) is None  # an input with no stable text: no key
-    bypass = cache.counters["bypass"]
-    record = debug.CompileRecord("g", ())
+    bypass = stores.counters["bypass"]
+    record = records.CompileRecord("g", ())
     assert lookup.find(None, Options(), None, record) is None
-    assert cache.counters["bypass"] == bypass + 1 and record.cache["decision"] == "bypass"
+    assert stores.counters["bypass"] == bypass + 1 and record.cache["decision"] == "bypass"
 
 
 def test_the_key_ignores_xla_dump_flags(monkeypatch):
@@ -98,15 +97,15 @@ def test_input_returned_as_an_output_is_the_same_tensor_after_a_disk_hit(tmp_pat
 
     args = (torch.randn(3), torch.randn(4))
     for decision in ("miss", "disk_hit"):
-        cache.memory_cache.clear()
+        stores.memory_cache.clear()
         doubled, same = compile_aten(fn, args, {"cache_dir": str(tmp_path)})(*args)
-        assert debug.records[-1].cache["decision"] == decision
+        assert records.records[-1].cache["decision"] == decision
         assert same is args[1]
         assert_same(doubled, args[0] * 2)
 
 
 def test_cache_false_writes_nothing(tmp_path):
-    cache.memory_cache.clear()
+    stores.memory_cache.clear()
     target = tmp_path / "never"
     compiled = compile_aten(_fn, _ARGS, {"cache": False, "cache_dir": str(target)})
     assert_same(compiled(*_ARGS), _fn(*_ARGS))
@@ -119,7 +118,7 @@ def pristine(tmp_path_factory):
     directory = tmp_path_factory.mktemp("pristine")
     record = _compile_into(directory)
     (entry,) = _entry_dirs(directory)
-    key = directory / entry.name / cache.MANIFEST
+    key = directory / entry.name / stores.MANIFEST
     body = json.loads(key.read_text())["body"]
     return directory, entry.name, CacheKey(tuple(map(tuple, body["key"]))), record
 
@@ -137,9 +136,9 @@ def _mutations(files: dict[str, bytes]):
             flipped[at] ^= 1 << (i % 8)
             yield f"{name} bit {i % 8} of byte {at} flipped", {name: bytes(flipped)}
         yield f"{name} grown", {name: data + b"\0"}
-    manifest = json.loads(files[cache.MANIFEST])
+    manifest = json.loads(files[stores.MANIFEST])
     forged_fields = (
-        ("format", cache.FORMAT + 1),
+        ("format", stores.FORMAT + 1),
         ("digest", "0" * 64),
         ("key", []),
         ("key", None),
@@ -147,15 +146,15 @@ def _mutations(files: dict[str, bytes]):
     )
     for field, value in forged_fields:
         body = dict(manifest["body"], **{field: value})
-        forged = {"checksum": sha256(cache._dump(body)), "body": body}  # a valid checksum
-        yield f"manifest with {field}={value!r}", {cache.MANIFEST: json.dumps(forged).encode()}
-    yield "manifest not an object", {cache.MANIFEST: b"[1, 2]"}
+        forged = {"checksum": sha256(stores._dump(body)), "body": body}  # a valid checksum
+        yield f"manifest with {field}={value!r}", {stores.MANIFEST: json.dumps(forged).encode()}
+    yield "manifest not an object", {stores.MANIFEST: b"[1, 2]"}
 
 
 def test_damaged_entries_are_a_warning_and_a_recompile_never_a_crash(pristine, tmp_path, caplog):
     source, digest, key, _ = pristine
     original = {p.name: p.read_bytes() for p in (source / digest).iterdir()}
-    disk = cache.open_disk_cache(tmp_path, 64)
+    disk = stores.open_disk_cache(tmp_path, 64)
     decode = _codec().decode
     variants = list(_mutations(original))
     assert len(variants) >= 100
@@ -166,11 +165,11 @@ def test_damaged_entries_are_a_warning_and_a_recompile_never_a_crash(pristine, t
                 (tmp_path / digest / name).unlink()
             else:
                 (tmp_path / digest / name).write_bytes(data)
-        faults = cache.counters["disk_fault"]
+        faults = stores.counters["disk_fault"]
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="tpu_inductor.cache.stores"):
             assert disk.load(key, decode) is None, description
-        assert cache.counters["disk_fault"] == faults + 1, description
+        assert stores.counters["disk_fault"] == faults + 1, description
         assert "is unusable" in caplog.text, description
         assert not (tmp_path / digest).exists(), description  # removed, so a store can replace it
     shutil.copytree(source / digest, tmp_path / digest)  # the control: the intact entry loads
@@ -194,17 +193,17 @@ def test_entry_of_another_key_is_foreign(pristine, tmp_path):
     foreign_key = CacheKey((*key.entries[:-1], ("xla_flags", "0" * 64)))
     assert foreign_key.digest != digest
     os.rename(tmp_path / other, tmp_path / foreign_key.digest)
-    faults = cache.counters["disk_fault"]
-    assert cache.open_disk_cache(tmp_path, 64).load(foreign_key, _codec().decode) is None
-    assert cache.counters["disk_fault"] == faults + 1
+    faults = stores.counters["disk_fault"]
+    assert stores.open_disk_cache(tmp_path, 64).load(foreign_key, _codec().decode) is None
+    assert stores.counters["disk_fault"] == faults + 1
 
 
 def _forge_key(entry, value):
     """Give the manifest of `entry` another "key" behind a valid checksum."""
-    manifest = json.loads((entry / cache.MANIFEST).read_text())
+    manifest = json.loads((entry / stores.MANIFEST).read_text())
     manifest["body"]["key"] = value
-    manifest["checksum"] = sha256(cache._dump(manifest["body"]))
-    (entry / cache.MANIFEST).write_text(json.dumps(manifest))
+    manifest["checksum"] = sha256(stores._dump(manifest["body"]))
+    (entry / stores.MANIFEST).write_text(json.dumps(manifest))
 
 
 def test_explain_of_an_entry_with_a_malformed_key_is_a_cache_error(pristine, tmp_path):
@@ -212,7 +211,7 @@ def test_explain_of_an_entry_with_a_malformed_key_is_a_cache_error(pristine, tmp
     shutil.copytree(source / digest, tmp_path / digest)
     _forge_key(tmp_path / digest, None)
     with pytest.raises(CacheError, match=rf"{digest}.*unreadable: manifest key is None"):
-        cache.open_disk_cache(tmp_path, 64).key_of(digest[:12])
+        stores.open_disk_cache(tmp_path, 64).key_of(digest[:12])
 
 
 def _codec():
@@ -231,30 +230,30 @@ def test_directory_writable_by_others_is_refused_with_the_reason(tmp_path):
     shared.mkdir()
     shared.chmod(0o777)
     with pytest.raises(CacheError, match="writable by group or others.*chmod 700"):
-        cache.open_disk_cache(shared, 64)
-    cache.memory_cache.clear()
+        stores.open_disk_cache(shared, 64)
+    stores.memory_cache.clear()
     with pytest.raises(CacheError, match="run code as you"):
         compile_aten(_fn, _ARGS, {"cache_dir": str(shared)})
 
 
 def test_new_directory_is_private(tmp_path):
-    disk = cache.open_disk_cache(tmp_path / "a" / "b", 64)
+    disk = stores.open_disk_cache(tmp_path / "a" / "b", 64)
     assert disk.directory.stat().st_mode & 0o777 == 0o700
 
 
 def test_size_cap_evicts_least_recently_used(tmp_path):
-    disk = cache.DiskCache(tmp_path, max_bytes=2**20)
+    disk = stores.DiskCache(tmp_path, max_bytes=2**20)
     keys = [CacheKey.of([("n", i)]) for i in range(4)]
     for age, key in enumerate(keys[:3]):
         disk.store(key, lambda: ({"blob": b"x" * 1000}, {}), "")
         disk.max_bytes = int(3.5 * disk.entries()[0].size)  # room for three entries
-        os.utime(tmp_path / key.digest / cache.MANIFEST, (1000 + age, 1000 + age))
+        os.utime(tmp_path / key.digest / stores.MANIFEST, (1000 + age, 1000 + age))
     assert disk.load(keys[0], lambda files, meta: files["blob"]) == b"x" * 1000  # now most recent
-    evicted = cache.counters["disk_evict"]
+    evicted = stores.counters["disk_evict"]
     disk.store(keys[3], lambda: ({"blob": b"y" * 1000}, {}), "")
     left = {p.name for p in _entry_dirs(tmp_path)}
     assert left == {keys[0].digest, keys[2].digest, keys[3].digest}
-    assert cache.counters["disk_evict"] == evicted + 1
+    assert stores.counters["disk_evict"] == evicted + 1
 
 
 @pytest.mark.parametrize(
@@ -266,14 +265,14 @@ def test_value_without_a_disk_form_is_skipped(tmp_path, caplog, error):
     """A value with no disk form is not stored (the compiled value is used all the same):
     never a crash (PJRT cannot serialize XLA:CPU's sort of complex numbers: that one is a
     warning)."""
-    disk = cache.DiskCache(tmp_path, max_bytes=2**20)
+    disk = stores.DiskCache(tmp_path, max_bytes=2**20)
 
     def encode():
         raise error
 
-    skipped = cache.counters["disk_skip"]
+    skipped = stores.counters["disk_skip"]
     disk.store(CacheKey.of([("n", 1)]), encode, "g")
-    assert cache.counters["disk_skip"] == skipped + 1 and not _entry_dirs(tmp_path)
+    assert stores.counters["disk_skip"] == skipped + 1 and not _entry_dirs(tmp_path)
     assert ("LessThan" in caplog.text) == isinstance(error, RuntimeError)
 
 
@@ -286,7 +285,7 @@ def _leftover(directory, name: str, age_s: float):
 
 
 def test_stale_temporary_directories_are_counted_and_removed(tmp_path, capsys):
-    disk = cache.DiskCache(tmp_path, max_bytes=2**20)
+    disk = stores.DiskCache(tmp_path, max_bytes=2**20)
     stale = _leftover(tmp_path, ".tmp-0123456789abcdef-42-0badf00d", 3600)
     trash = _leftover(tmp_path, ".tmp-rm-0123456789ab", 3600)
     live = _leftover(tmp_path, ".tmp-fedcba9876543210-43-0badf00d", 0)  # a writer at work
@@ -323,7 +322,7 @@ _WORKER = textwrap.dedent(
     import sys, torch
     from tests.helpers import compile_aten
     from tpu_inductor.cache import key
-    from tpu_inductor.debug import records as debug
+    from tpu_inductor.debug import records
     from tpu_inductor.passes import pipeline
     key._source_digest = lambda: "pinned"  # a source edit mid-test must not split the key
     pipeline._module_digest = lambda fn: "pinned"
@@ -332,7 +331,7 @@ _WORKER = textwrap.dedent(
     fn = lambda x, y: torch.tanh(x @ y) * 3 - y
     out = compile_aten(fn, (x, y), {"cache_dir": sys.argv[1]})(x, y)
     torch.testing.assert_close(out, fn(x, y))
-    print(debug.records[-1].cache["decision"])
+    print(records.records[-1].cache["decision"])
     """
 )
 
@@ -362,9 +361,9 @@ def test_four_processes_compiling_at_once_leave_one_valid_entry(tmp_path):
     assert set(decisions) <= {"miss", "disk_hit"}
     (entry,) = _entry_dirs(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == [entry.name]  # no temporary leftovers
-    body = json.loads((entry / cache.MANIFEST).read_text())["body"]
+    body = json.loads((entry / stores.MANIFEST).read_text())["body"]
     key = CacheKey(tuple(map(tuple, body["key"])))
-    assert cache.open_disk_cache(tmp_path, 64).load(key, _codec().decode) is not None  # valid
+    assert stores.open_disk_cache(tmp_path, 64).load(key, _codec().decode) is not None  # valid
 
 
 # --- the command line ---------------------------------------------------------------------------
@@ -388,13 +387,13 @@ def test_cli_stats_ls_explain_clear(tmp_path, capsys):
 _LAPACK_CHILD = textwrap.dedent(
     """
     import json, sys, torch
-    from tpu_inductor.cache import stores as cache
+    from tpu_inductor.cache import stores
     a = torch.randn(5, 5, generator=torch.Generator().manual_seed(0))
     spd = a @ a.mT + 5 * torch.eye(5)
     f = torch.compile(torch.linalg.cholesky, backend="tpu_inductor",
                       options={"cache_dir": sys.argv[1], "fallback": "error"})
     torch.testing.assert_close(f(spd), torch.linalg.cholesky(spd))
-    print(json.dumps(dict(cache.counters)))
+    print(json.dumps(dict(stores.counters)))
     """
 )
 
@@ -418,7 +417,7 @@ def test_cached_executable_with_lapack_calls_runs_in_a_fresh_process(tmp_path):
 
 
 def test_memory_level_keeps_the_most_recently_used_entries():
-    memory, compiles = cache.MemoryCache(max_entries=2), []
+    memory, compiles = stores.MemoryCache(max_entries=2), []
 
     def get(name):
         graph = CacheKey.of([("graph", name)])

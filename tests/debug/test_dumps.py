@@ -14,9 +14,8 @@ from tests.debug import dump_run
 from tests.debug.dump_run import folders
 from tests.helpers import assert_same, check_against_eager, compile_aten
 from tpu_inductor import cli, config
-from tpu_inductor.cache import stores as cache
-from tpu_inductor.debug import records as debug
-from tpu_inductor.debug import report
+from tpu_inductor.cache import stores
+from tpu_inductor.debug import records, report
 from tpu_inductor.exc import OptionError
 
 
@@ -119,7 +118,7 @@ def test_a_cache_hit_dumps_the_cached_stablehlo_and_optimized_hlo(tmp_path, monk
     model, x = torch.nn.Linear(4, 5), torch.randn(3, 4)
     for run in ("cold", "warm"):
         torch._dynamo.reset()
-        cache.memory_cache.clear()
+        stores.memory_cache.clear()
         options = {"dump_dir": str(tmp_path / run), "cache_dir": str(tmp_path / "ours")}
         with torch.no_grad():
             assert_same(torch.compile(model, backend="tpu_inductor", options=options)(x), model(x))
@@ -146,11 +145,11 @@ def test_a_cache_hit_dumps_the_cached_stablehlo_and_optimized_hlo(tmp_path, monk
 
 
 def test_compile_json_is_replaced_whole(tmp_path):
-    record = debug.CompileRecord("forward_x", (), dump_path=tmp_path)
-    debug._write_compile_json(record)
+    record = records.CompileRecord("forward_x", (), dump_path=tmp_path)
+    records._write_compile_json(record)
     before = (tmp_path / "compile.json").stat().st_ino
     record.status = "ok"
-    debug._write_compile_json(record)
+    records._write_compile_json(record)
     assert (tmp_path / "compile.json").stat().st_ino != before  # a new file, renamed in
     assert json.loads((tmp_path / "compile.json").read_text())["status"] == "ok"
     assert [p.name for p in tmp_path.iterdir()] == ["compile.json"]

@@ -10,8 +10,7 @@ import torch
 
 from tests.debug.dump_run import folders
 from tests.helpers import assert_same
-from tpu_inductor.debug import recompiles, report
-from tpu_inductor.debug import records as debug
+from tpu_inductor.debug import recompiles, records, report
 
 
 def test_shape_change_recompile_is_explained(run_dump):
@@ -40,10 +39,10 @@ def test_recompiles_for_a_python_number_are_explained_as_such():
         return x * (12 // n)
 
     compiled = torch.compile(f, backend="tpu_inductor", options={"cache": False})
-    before = len(debug.records)
+    before = len(records.records)
     for n in (2, 3, 4):
         compiled(torch.ones(2), n)
-    retrace, again = (r.recompile for r in debug.records[before + 1 :])
+    retrace, again = (r.recompile for r in records.records[before + 1 :])
     assert retrace.startswith("Dynamo traced it again: a Python number changed between calls")
     assert again.startswith("input 0 (a symbolic size or number): 3 → 4.")
     assert "pass a number that varies and sets no size as a 0-d tensor" in again
@@ -83,7 +82,7 @@ def test_recompile_is_explained_against_the_closest_earlier_compile(caplog):
         keep(x.double())  # the latest compile: float64 input
         narrow = {"cache": False, "x64": "narrow"}
         torch.compile(fn, backend="tpu_inductor", options=narrow)(x)  # as the first, but x64
-    first, latest, last = debug.records[-3:]
+    first, latest, last = records.records[-3:]
     assert latest.recompile.startswith("input 0 (float32[4] → float64[4])")
     assert last.recompile == (
         "option x64: 'keep' → 'narrow'. To avoid it: use the same options for every "

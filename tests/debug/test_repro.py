@@ -12,8 +12,7 @@ import torch
 
 from tests.helpers import compile_aten
 from tpu_inductor import cli
-from tpu_inductor.debug import records as debug
-from tpu_inductor.debug import report, repro
+from tpu_inductor.debug import records, report, repro
 from tpu_inductor.exc import CompileError
 from tpu_inductor.runtime import devices
 
@@ -36,7 +35,7 @@ class _Lowered:  # what a record is shown of a lowered module
 
 
 def test_failed_compile_writes_a_reproducer_that_reproduces(capsys):
-    record = debug.CompileRecord("forward_x", (((4,), "torch.float32"),))
+    record = records.CompileRecord("forward_x", (((4,), "torch.float32"),))
     device = devices.select_device("cpu")
     record.show(_Lowered)  # the lower stage showed it
     with pytest.raises(CompileError) as caught:

@@ -23,7 +23,7 @@ from tpu_inductor.lowering.ops import attention_kernels
 from tests import hf_zoo
 from tests.helpers import assert_same
 from tools.bench_attention_kernels import decode_temporaries
-from tpu_inductor.aot import artifact as aot
+from tpu_inductor.aot import artifact
 from tpu_inductor.aot import compile as aot_compile
 from tpu_inductor.ops.attention import ops
 
@@ -181,7 +181,7 @@ def test_llama_tpu_artifact_runs_splash_per_layer(tmp_path):
     model, _ = hf_zoo.build("llama", hf_zoo.Size(hidden=256, heads=2, seq=256, batch=1))
     model.config.use_cache = False
     options = {"fusion": {"attention": True}, "cache": False, "dump_dir": str(tmp_path / "d")}
-    inputs = [aot.parse_input("input_ids:int64[1,256]")]
+    inputs = [artifact.parse_input("input_ids:int64[1,256]")]
     aot_compile.compile_model(model, inputs, tmp_path / "a", platform="tpu", options=options)
     assert "tpu_custom_call" in (tmp_path / "a/buckets/0/module.mlir").read_text()
     (record,) = [json.loads(p.read_text()) for p in (tmp_path / "d").rglob("compile.json")]

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from tests import hf_zoo
 from tests.helpers import assert_same, grads_of
 from tests.strategies import PROPERTY
-from tpu_inductor.runtime import buckets as bucketing
+from tpu_inductor.runtime import buckets
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -113,14 +113,14 @@ def _run(name: str, shapes: dict, lengths, masked: bool, train: bool, caplog) ->
 def _check(name: str, shapes: dict, lengths, masked: bool, pad_with: str, train: bool, caplog):
     torch._dynamo.reset()
     caplog.clear()
-    bucketing.clear_report()
+    buckets.clear_report()
     bucketed = _run(name, {**shapes, "pad_with": pad_with}, lengths, masked, train, caplog)
     refusals = [r.getMessage() for r in caplog.records if "not bucketing" in r.getMessage()]
     if name == "t5":  # relative-position buckets may be refused: then with a reason, and exact
         assert all(r.split(": ", 1)[1].strip() for r in refusals)
     else:
         assert refusals == [], refusals
-        assert bucketing.report(), "no graph was bucketed"
+        assert buckets.report(), "no graph was bucketed"
     torch._dynamo.reset()
     (exact,) = _run(name, {"policy": "exact"}, lengths[-1:], masked, train, caplog)
     scales = _scales(exact)

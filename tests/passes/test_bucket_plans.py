@@ -14,10 +14,10 @@ from tpu_inductor.passes.bucket_policy import BucketPlan, BucketPolicy
 import tpu_inductor
 from tests.helpers import assert_same
 from tpu_inductor import cli
-from tpu_inductor.aot import artifact as aot
+from tpu_inductor.aot import artifact
 from tpu_inductor.aot import buckets as aot_buckets
 from tpu_inductor.aot import loader as aot_loader
-from tpu_inductor.cache import stores as cache
+from tpu_inductor.cache import stores
 from tpu_inductor.exc import OptionError
 from tpu_inductor.runtime import buckets as bucketing
 from tpu_inductor.runtime import devices
@@ -30,7 +30,7 @@ PAIRS = [(3, 40), (3, 38), (6, 12), (6, 10), (7, 11), (3, 40)]
 def _new_process() -> None:
     """As a new process: no Dynamo graph, no executable in memory, no plan read yet."""
     torch._dynamo.reset()
-    cache.memory_cache.clear()
+    stores.memory_cache.clear()
     devices.forget_executables()  # a module another test compiled in this worker
     bucketing.forget_plans()
 
@@ -185,7 +185,7 @@ def test_the_aot_compiler_takes_the_plans_buckets(tmp_path):
 def test_a_plan_that_names_no_input_dim_says_what_it_has(tmp_path):
     plan = tmp_path / "plan.json"
     BucketPlan(boundaries={"L['x'].size()[1]": (16,)}).save(plan)
-    specs = [aot.parse_input("ids:int64[B,S]")]
+    specs = [artifact.parse_input("ids:int64[B,S]")]
     with pytest.raises(OptionError, match=r"no boundaries for the named dims .*L\['x'\]"):
         aot_buckets.buckets_from_plan(plan, specs)
     with pytest.raises(FileNotFoundError, match="does not exist"):

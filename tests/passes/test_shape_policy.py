@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from tests.helpers import assert_same, grads_of
-from tpu_inductor.debug import records as debug
+from tpu_inductor.debug import records
 from tpu_inductor.exc import LoweringError
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -105,10 +105,10 @@ def test_checks_on_sizes_are_evaluated_not_left_to_eager():
 
 def _compiles_of(fn, calls) -> int:
     """Call `fn` = (compiled, eager) on each of `calls`, checking results; the compiles made."""
-    before = len(debug.records)
+    before = len(records.records)
     for args in calls:
         assert_same(fn[0](*args), fn[1](*args))
-    return sum(record.status != "failed" for record in debug.records[before:])
+    return sum(record.status != "failed" for record in records.records[before:])
 
 
 def test_integer_values_are_module_arguments_not_one_compile_per_value():
@@ -154,12 +154,12 @@ def test_integer_values_saved_for_the_backward_are_module_arguments_too():
         return linear(x) * i + i
 
     compiled, x = _compile(step), torch.randn(4, 8)
-    before = len(debug.records)
+    before = len(records.records)
     for i in range(2, 8):
         got = grads_of(linear, compiled(x, i).sum())
         want = grads_of(linear, step(x, i).sum())
         assert_same(got, want)
-    assert len(debug.records) - before == 4  # forward and backward: static, then symbolic
+    assert len(records.records) - before == 4  # forward and backward: static, then symbolic
 
 
 def test_integer_values_fall_back_to_constants_when_they_fail_to_lower(monkeypatch, caplog):
@@ -188,12 +188,12 @@ def test_compiles_per_size_are_bounded(monkeypatch, caplog):
     """A graph with symbolic sizes keeps its most recently used compiles; a dropped size that
     comes back compiles again (or hits the compile cache), still right."""
     compiled = _compile(lambda x: x * 2, cache=False, shapes={"max_compiles": 2})
-    before = len(debug.records)
+    before = len(records.records)
     with caplog.at_level(logging.WARNING, logger="tpu_inductor"):
         for n in (2, 3, 4, 5, 3, 2):
             assert_same(compiled(torch.ones(n)), torch.full((n,), 2.0))
     graph = next(  # the symbolic graph Dynamo traced at size 3
-        r.graph for r in debug.records[before:] if "(a symbolic size" in (r.recompile or "")
+        r.graph for r in records.records[before:] if "(a symbolic size" in (r.recompile or "")
     )
     assert f"{graph} has been compiled for more than 2 input sizes" in caplog.text
     assert caplog.text.count("has been compiled for more than") == 1  # one warning

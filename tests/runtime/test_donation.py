@@ -18,7 +18,7 @@ import torch
 
 import tpu_inductor
 from tests.helpers import WritesBuffers
-from tpu_inductor.debug import records as debug
+from tpu_inductor.debug import records
 from tpu_inductor.runtime import compiled_graph, devices, residency
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -48,7 +48,7 @@ def test_written_buffers_are_updated_in_place_and_equal_eager(compiled_graphs):
     (graph,) = compiled_graphs
     written = _written_bytes(model)
     assert graph.executable.get_compiled_memory_stats().alias_size_in_bytes == written
-    record = next(r for r in reversed(debug.records) if r.transfers)
+    record = next(r for r in reversed(records.records) if r.transfers)
     assert record.transfers["donated_bytes"] == written
 
 

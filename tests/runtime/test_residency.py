@@ -19,8 +19,7 @@ import tpu_inductor
 from tests import hf_zoo
 from tests.helpers import WritesBuffers
 from tpu_inductor.debug import report
-from tpu_inductor.runtime import buckets as bucketing
-from tpu_inductor.runtime import compiled_graph
+from tpu_inductor.runtime import buckets, compiled_graph
 from tpu_inductor.runtime.residency import DeviceTensor
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -213,7 +212,7 @@ def test_a_bucketed_graph_keeps_its_saved_activations_padded_on_the_device(devic
         # What still crosses back: the padded copy of x the backward makes (x is returned by
         # the forward as a saved input, sliced to its true size on the host).
         assert moved["host_to_device"]["saved"] <= 8 * 16 * 4, moved
-    assert [b["buckets"] for b in bucketing.report() if b["symbols"]][-1]
+    assert [b["buckets"] for b in buckets.report() if b["symbols"]][-1]
 
 
 @pytest.mark.parametrize("device", DEVICES)

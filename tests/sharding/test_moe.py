@@ -28,7 +28,7 @@ from tests import hf_zoo
 from tests.helpers import assert_same, compile_aten, grads_of
 from tests.models.test_hf_models import _assert_compiled_whole
 from tests.strategies import PROPERTY, seeds
-from tpu_inductor.debug import records as debug
+from tpu_inductor.debug import records
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -221,7 +221,7 @@ def _model(name: str, experts: str | None, dtype=torch.float32):
 
 def _compiled(model):
     compiled = torch.compile(model, backend="tpu_inductor", options=STRICT, fullgraph=True)
-    return compiled, len(debug.records)
+    return compiled, len(records.records)
 
 
 @pytest.mark.parametrize(("name", "experts"), CASES)

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tpu_inductor.aot import artifact as aot
+from tpu_inductor.aot import artifact
 from tpu_inductor.aot import compile as aot_compile
 from tpu_inductor.aot import loader as aot_loader
 from tpu_inductor.exc import ArtifactError, OptionError
@@ -72,7 +72,7 @@ def test_shard_without_a_mesh_is_refused(tmp_path, capsys):
 def test_a_mesh_lowers_for_a_platform_absent_here(tmp_path):
     """For TPU from this machine: StableHLO with the partitioning, no executables."""
     plan = Plan(parse_mesh("data=4"))
-    inputs = [aot.parse_input("x:float32[8,16]")]
+    inputs = [artifact.parse_input("x:float32[8,16]")]
     aot_compile.compile_model(make_mlp(), inputs, tmp_path / "a", platform="tpu", plan=plan)
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert manifest["mesh"] == [["data", 4]] and manifest["entries"][0]["executable"] is None
@@ -87,7 +87,7 @@ def test_a_mesh_lowers_for_a_platform_absent_here(tmp_path):
 
 _ON_8_DEVICES = """
 import sys, torch
-from tpu_inductor.aot import artifact as aot
+from tpu_inductor.aot import artifact
 from tpu_inductor.aot import compile as aot_compile
 from tpu_inductor.aot import loader as aot_loader
 from tpu_inductor.sharding.mesh import Plan, parse_mesh, parse_shard
@@ -95,7 +95,7 @@ from tests.sharding.test_sharding import make_mlp
 
 out, mesh, shards = sys.argv[1], sys.argv[2], [parse_shard(s) for s in sys.argv[3:]]
 plan = Plan(parse_mesh(mesh), tuple(shards))
-inputs = [aot.parse_input("x:float32[B,16]")]
+inputs = [artifact.parse_input("x:float32[B,16]")]
 aot_compile.compile_model(make_mlp(), inputs, out, buckets={"B": (8, 16)}, plan=plan)
 loaded = aot_loader.load(out)
 for batch in (8, 16):
@@ -135,11 +135,11 @@ def test_an_artifact_split_over_a_mesh_runs_each_bucket_on_its_devices(
     assert f"{shard_shape}" in hlo and "all-gather" in hlo, hlo[:2000]
     # Fresh processes run it and exit cleanly (zero-copy shards of torch memory aborted about
     # half of them at exit).
-    run = "import sys, torch; from tpu_inductor import aot; print(aot.load(sys.argv[1])(torch.ones(8, 16)).shape)"
+    run = "import sys, torch; from tpu_inductor import aot; print(artifact.load(sys.argv[1])(torch.ones(8, 16)).shape)"
     for _ in range(4):
         again = _on_devices(8, run, out)
         assert again.returncode == 0 and "[8, 8]" in again.stdout, again.stderr[-2000:]
-    load = "import sys; from tpu_inductor import aot; aot.load(sys.argv[1])"
+    load = "import sys; from tpu_inductor import aot; artifact.load(sys.argv[1])"
     refused = _on_devices(2, load, out)
     assert refused.returncode != 0
     assert "needs 4 cpu devices; 2 here" in refused.stderr, refused.stderr[-2000:]

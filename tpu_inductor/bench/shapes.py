@@ -31,7 +31,7 @@ import torch
 
 from tpu_inductor.bench.harness import CpuLoad
 from tpu_inductor.bench.report import write_outputs
-from tpu_inductor.cache import stores as cache
+from tpu_inductor.cache import stores
 from tpu_inductor.exc import BenchError, OptionError
 from tpu_inductor.runtime import buckets as bucketing
 from tpu_inductor.runtime import devices
@@ -110,7 +110,7 @@ def _fresh() -> None:
     torch._dynamo.reset()
     bucketing.forget_plans()
     devices.forget_executables()
-    cache.memory_cache.clear()
+    stores.memory_cache.clear()
 
 
 def _generate(model_name, mode, plan, prompts, new_tokens, expected):

@@ -41,8 +41,7 @@ import torch
 from tpu_inductor import lowering
 from tpu_inductor.config import Options
 from tpu_inductor.passes import pipeline
-from tpu_inductor.runtime import devices
-from tpu_inductor.runtime import size_dispatch as dispatch
+from tpu_inductor.runtime import devices, size_dispatch
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +140,8 @@ def for_graph(
 ) -> CacheKey | None:
     """The graph part of a key: the graph (`graph_fingerprint`) at the sizes of `inputs`, as
     the lowering is asked to make it; None when an entry cannot be hashed."""
-    entries = [("graph", fingerprint), ("inputs", dispatch.input_signature(inputs))]
-    entries.append(("strides", dispatch.strides(inputs)))
+    entries = [("graph", fingerprint), ("inputs", size_dispatch.input_signature(inputs))]
+    entries.append(("strides", size_dispatch.strides(inputs)))
     if shardings is not None:
         entries.append(("shardings", (shardings.axes, shardings.inputs)))
     if separate_outputs:

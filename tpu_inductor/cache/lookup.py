@@ -14,12 +14,12 @@ from typing import Any
 from tpu_inductor.cache import serialize, stores
 from tpu_inductor.cache.key import CacheKey
 from tpu_inductor.config import Options
-from tpu_inductor.debug import records as debug
+from tpu_inductor.debug import records
 from tpu_inductor.runtime import devices
 
 
 def find(
-    key: CacheKey | None, options: Options, device: devices.Device, record: debug.CompileRecord
+    key: CacheKey | None, options: Options, device: devices.Device, record: records.CompileRecord
 ) -> tuple[Any, Any] | None:
     """The (executable, lowered module) stored for `key`, from memory, then disk; None on a
     miss (or a bypass: no key). A hit shows what it found to the record (dumps); a value in
@@ -60,7 +60,7 @@ def store(
     value: tuple[Any, Any],
     options: Options,
     device: devices.Device,
-    record: debug.CompileRecord,
+    record: records.CompileRecord,
 ) -> None:
     """Keep a value compiled on a miss, in memory and (cache on) on disk; nothing on a bypass."""
     if key is None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from tpu_inductor.cache import stores as cache
+from tpu_inductor.cache import stores
 from tpu_inductor.lowering import LoweredModule, OutputSlot, PartialWrite, Shardings, TensorSpec
 from tpu_inductor.runtime import devices
 
@@ -157,7 +157,7 @@ def _int(value) -> int:
     return value
 
 
-def disk_codec(device: devices.Device) -> cache.Codec:
+def disk_codec(device: devices.Device) -> stores.Codec:
     """(executable, LoweredModule) ↔ files and a JSON manifest, for the disk cache."""
 
     def encode(value):
@@ -176,4 +176,4 @@ def disk_codec(device: devices.Device) -> cache.Codec:
         executable = devices.deserialize_executable(files["executable.bin"], device, text)
         return executable, lowered
 
-    return cache.Codec(encode, decode)
+    return stores.Codec(encode, decode)

@@ -2,7 +2,7 @@
 
 Per call of a bucketed graph: read each symbol's true size off the inputs, pick its bucket
 (passes/bucket_policy.py), pad the inputs to the buckets, give SymInt inputs the bucket and the
-true sizes as 0-d int inputs, run the executable of the padded signature (dispatch.SizeDispatch:
+true sizes as 0-d int inputs, run the executable of the padded signature (size_dispatch.SizeDispatch:
 one compile per bucket), then slice every padded output back to its true sizes and give SymInt
 outputs their true values. What each graph saw is kept for `report()` and the recompile
 explanation: the buckets, the true sizes per bucket, and the padded share of the input work.
@@ -29,7 +29,7 @@ import torch
 from tpu_inductor.exc import OptionError
 from tpu_inductor.passes import bucket_policy
 from tpu_inductor.passes.bucket_shapes import BucketLayout
-from tpu_inductor.runtime import size_dispatch as dispatch
+from tpu_inductor.runtime import size_dispatch
 from tpu_inductor.runtime.residency import DeviceTensor
 
 log = logging.getLogger(__name__)
@@ -358,9 +358,9 @@ _AHEAD_ROUNDS = 8  # graph breaks deeper than this compile the rest one after an
 
 def _call_buckets(compiled_fn, calls, pool, progress, round_: int, backward: bool) -> bool:
     """Call `compiled_fn` at each bucket's inputs (with `pool`, inside
-    dispatch.compiling_ahead); whether a call handed a compile to the pool."""
+    size_dispatch.compiling_ahead); whether a call handed a compile to the pool."""
     handed = False
-    ahead = dispatch.compiling_ahead(pool) if pool is not None else contextlib.nullcontext()
+    ahead = size_dispatch.compiling_ahead(pool) if pool is not None else contextlib.nullcontext()
     with ahead, torch.set_grad_enabled(backward):
         for bucket, inputs in calls:
             if progress is not None and round_ == 0:
@@ -369,7 +369,7 @@ def _call_buckets(compiled_fn, calls, pool, progress, round_: int, backward: boo
                 out = compiled_fn(*inputs)
                 if backward:
                     _gradients(compiled_fn, inputs, out)
-            except dispatch.CompilingAhead:
+            except size_dispatch.CompilingAhead:
                 handed = True
     return handed
 
