@@ -135,11 +135,11 @@ def test_an_artifact_split_over_a_mesh_runs_each_bucket_on_its_devices(
     assert f"{shard_shape}" in hlo and "all-gather" in hlo, hlo[:2000]
     # Fresh processes run it and exit cleanly (zero-copy shards of torch memory aborted about
     # half of them at exit).
-    run = "import sys, torch; from tpu_inductor import aot; print(artifact.load(sys.argv[1])(torch.ones(8, 16)).shape)"
+    run = "import sys, torch; from tpu_inductor import aot; print(aot.load(sys.argv[1])(torch.ones(8, 16)).shape)"
     for _ in range(4):
         again = _on_devices(8, run, out)
         assert again.returncode == 0 and "[8, 8]" in again.stdout, again.stderr[-2000:]
-    load = "import sys; from tpu_inductor import aot; artifact.load(sys.argv[1])"
+    load = "import sys; from tpu_inductor import aot; aot.load(sys.argv[1])"
     refused = _on_devices(2, load, out)
     assert refused.returncode != 0
     assert "needs 4 cpu devices; 2 here" in refused.stderr, refused.stderr[-2000:]
