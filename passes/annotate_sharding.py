@@ -18,7 +18,7 @@ neither is left alone (one device).
 Expert parallelism: a grouped matmul over rows sorted by expert (`aten._grouped_mm`'s 2-d x 3-d
 form, transformers' `grouped_mm_fallback` and its backward) whose stacked expert weight is
 split over one mesh axis along its expert dim only becomes `tpu_inductor::expert_mm` (or
-`expert_mm_backward`) on that axis (tpu_inductor/expert_op.py): the lowering dispatches rows to
+`expert_mm_backward`) on that axis (tpu_inductor/ops/expert.py): the lowering dispatches rows to
 the devices holding their experts by all-to-all. The weight's spec is found by following it
 back through views that keep its first dim to a placed input, or, for a backward, its
 gradient forward to the constraint that places it. Counted as `expert_parallel`.

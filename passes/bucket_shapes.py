@@ -55,7 +55,7 @@ class Refusal:
 
 @dataclasses.dataclass(frozen=True)
 class BucketLayout:
-    """What the runtime needs to run a bucketed graph (tpu_inductor/bucketing.py)."""
+    """What the runtime needs to run a bucketed graph (tpu_inductor/runtime/buckets.py)."""
 
     symbols: tuple[str, ...]  # bucketed symbols, the order of the true-size inputs
     sources: dict  # symbol -> (input position, dim) or (input position, None) for a SymInt input

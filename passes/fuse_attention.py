@@ -1,4 +1,4 @@
-"""fuse_attention: attention → one `tpu_inductor::attention` op (tpu_inductor/attention_op.py).
+"""fuse_attention: attention → one `tpu_inductor::attention` op (tpu_inductor/ops/attention.py).
 
 Runs on each ATen graph after bucketing (so bucketing never meets the op; its masks on padded
 keys are read as any other mask). Rewrites, each counted in `ctx.rewrites`:

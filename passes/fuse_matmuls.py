@@ -23,7 +23,7 @@ and V in one weight, and no two of its projections share an input.
 
 Where the concatenation happens: each concatenation of weights is marked
 `meta[hoist_weights.MARK]`; an inference graph has it split out and made once per parameter
-version (passes/hoist_weights.py, tpu_inductor/hoisted.py), a training graph (whose parameters
+version (passes/hoist_weights.py, tpu_inductor/runtime/hoisted.py), a training graph (whose parameters
 change every call anyway) and an AOT artifact do it in the graph. In the graph, XLA fuses it
 into the dot for one token and copies the weights once per call from 16 tokens on (temporaries
 and time: docs/benchmarks.md, "Matmul merging"). Off by default: on the CPU the merged models

@@ -1,5 +1,5 @@
 """fuse_norms: a written-out RMSNorm or LayerNorm → one `tpu_inductor::norm` op
-(tpu_inductor/norm_op.py; option `fusion.norms`). Rewrites, each counted in `ctx.rewrites`:
+(tpu_inductor/ops/norm.py; option `fusion.norms`). Rewrites, each counted in `ctx.rewrites`:
 
     Hugging Face's LlamaRMSNorm (Qwen, Mistral, T5 alike), over the last dim:
     a = x.to(float32)?; r = rsqrt(mean(a ** 2 | a * a, -1, keepdim) + eps)

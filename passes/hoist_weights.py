@@ -1,5 +1,5 @@
 """hoist_weights: split the work a graph does on its parameters alone out of the graph, to be done
-once per parameter version instead of once per call (tpu_inductor/hoisted.py runs the halves).
+once per parameter version instead of once per call (tpu_inductor/runtime/hoisted.py runs the halves).
 
 A pass marks a node it made from weights with `node.meta[MARK]` (fuse_matmuls marks the
 concatenation of Q/K/V's and gate/up's weights). `split(gm, static)` takes the marked nodes whose

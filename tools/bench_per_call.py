@@ -52,24 +52,24 @@ def cases(x: torch.Tensor, device: str = "auto") -> dict:
     timed["ours: compiled_graph.CompiledGraph call"] = lambda: graph([x])
     timed["  argument (torch -> numpy view)"] = lambda: transfer.argument(x)
     timed["  to_device (torch -> jax, dlpack)"] = lambda: transfer.to_device(x)
-    if graph._run.dispatch is not None:
-        timed["  execute, jax's C++ dispatch"] = lambda: graph._run.dispatch(array)
+    if graph._run.fast_path is not None:
+        timed["  execute, jax's C++ fast path"] = lambda: graph._run.fast_path(array)
     timed["  execute, Python (+ result arrays)"] = lambda: executable.execute_sharded(
         [array]
     ).disassemble_into_single_device_arrays()
     timed["  to_torch (jax -> torch, dlpack)"] = lambda: transfer.to_torch(result)
-    if graph._run.dispatch is not None:
+    if graph._run.fast_path is not None:
         timed.update(_floors(x, graph, returns_input))
     return timed
 
 
 def _floors(x: torch.Tensor, graph, returns_input) -> dict:
     """What the least a jax-backed call costs: the graph's transfer and dispatch with nothing
-    else (the argument, the C++ dispatch, the result's export), alone, as a Dynamo backend's
+    else (the argument, the C++ fast path, the result's export), alone, as a Dynamo backend's
     whole graph, and as AOTAutograd's compiled graph under Dynamo."""
     from torch._dynamo.backends.common import aot_autograd
 
-    argument, dispatch = graph._transfer.argument, graph._run.dispatch
+    argument, dispatch = graph._transfer.argument, graph._run.fast_path
     to_torch = graph._transfer.to_torch
 
     def body(t):
@@ -127,10 +127,12 @@ def main(argv=None) -> int:
     )
     inner = medians["ours: compiled_graph.CompiledGraph call"]
     print(f"{'ours / Inductor':45s} {ours / inductor:8.2f}x")
-    print(f"{'C++ dispatch misses while timing (0: fast path)':45s} {execution.stats['misses']:8d}")
+    print(
+        f"{'C++ fast path misses while timing (0: fast path)':45s} {execution.stats['misses']:8d}"
+    )
     guard = medians["whole call, a backend returning x"]
     print(f"{'ours: guard and frame (a backend returning x)':45s} {guard:8.2f}")
-    if "floor: argument, dispatch, to_torch alone" not in medians:  # (no C++ dispatch: a mesh)
+    if "floor: argument, dispatch, to_torch alone" not in medians:  # (no C++ fast path: a mesh)
         print(f"{'ours: the rest beyond our runtime alone':45s} {ours - guard - inner:8.2f}")
         return 0
     alone = medians["floor: argument, dispatch, to_torch alone"]

@@ -1,4 +1,4 @@
-"""Lowering of `tpu_inductor::attention` and its backward (tpu_inductor/attention_op.py).
+"""Lowering of `tpu_inductor::attention` and its backward (tpu_inductor/ops/attention.py).
 
 The computation is the SDPA rules' (`sdpa._attention`, `sdpa._attention_backward`: float32 scores,
 softmax by logsumexp, grouped-query heads read without repeating them); this module only turns

@@ -90,7 +90,7 @@ def grouped_mm_fallback_backward(x, weight, offs, grad):
     return grad_x.astype(x.dtype), grad_weight.astype(weight.dtype)
 
 
-# Expert parallelism (`tpu_inductor::expert_mm`, tpu_inductor/expert_op.py). XLA:CPU in jaxlib
+# Expert parallelism (`tpu_inductor::expert_mm`, tpu_inductor/ops/expert.py). XLA:CPU in jaxlib
 # 0.10.2 has no ragged all-to-all ("HLO opcode `ragged-all-to-all` is not supported by XLA:CPU
 # ThunkEmitter"), so rows travel by the dense all-to-all, in blocks sized for the worst case:
 # nothing is dropped, whatever the routing.

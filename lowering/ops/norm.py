@@ -1,4 +1,4 @@
-"""Lowering of `tpu_inductor::norm` (tpu_inductor/norm_op.py): a written-out RMSNorm or
+"""Lowering of `tpu_inductor::norm` (tpu_inductor/ops/norm.py): a written-out RMSNorm or
 LayerNorm as one rule.
 
 The statistics are accumulated in float32 for bfloat16/float16 inputs (the dtype torch's own

@@ -1,4 +1,4 @@
-"""Lowering of `tpu_inductor::shard_as` (tpu_inductor/sharding_op.py): Shardy's sharding
+"""Lowering of `tpu_inductor::shard_as` (tpu_inductor/ops/shard_as.py): Shardy's sharding
 constraint over the abstract mesh the op names (the module's arguments are annotated over the
 same mesh by the lowering's `Shardings`); the partitioner moves data to match."""
 

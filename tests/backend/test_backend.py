@@ -69,7 +69,7 @@ def test_64_bit_arguments_keep_their_dtype_without_jaxlibs_dlpack_entry_points(d
 @pytest.mark.parametrize("device", ["cpu", "cpu-copy"])
 def test_one_device_calls_run_through_jaxs_cpp_dispatch_with_eagers_numbers(device):
     """After its first call a graph runs without returning to Python for the execution (one
-    dispatch miss per graph: the fast path held), over every kind of argument: numpy views
+    fast-path miss per graph: the fast path held), over every kind of argument: numpy views
     (float32, int32, bool), tensors `to_device` sends (int64, bfloat16, a transposed view, a
     lazy negation, one that requires grad)."""
     from tpu_inductor.runtime import execution
@@ -94,7 +94,7 @@ def test_one_device_calls_run_through_jaxs_cpp_dispatch_with_eagers_numbers(devi
     f = torch.compile(fn, backend="tpu_inductor", options={"device": device, "cache": False})
     f(*arguments(0))
     graph = [o for o in gc.get_objects() if type(o) is compiled_graph.CompiledGraph][-1]
-    assert graph._run.dispatch is not None
+    assert graph._run.fast_path is not None
     execution.stats.clear()
     for seed in range(1, 6):
         torch.testing.assert_close(f(*arguments(seed)), fn(*arguments(seed)))

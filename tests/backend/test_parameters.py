@@ -106,7 +106,7 @@ def _count_transfers(monkeypatch) -> list[tuple[int, ...]]:
 
     argument = transfer.Transfer.argument
 
-    def counting_host_arrays(self, tensor):  # sent by jax's C++ dispatch
+    def counting_host_arrays(self, tensor):  # sent by jax's C++ fast path
         array = argument(self, tensor)
         if isinstance(array, np.ndarray):
             sent.append(tuple(tensor.shape))

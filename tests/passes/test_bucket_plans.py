@@ -1,5 +1,5 @@
 """Bucket plans at work (the `auto` policy: passes/bucket_policy.py's BucketPlan, used by
-tpu_inductor/bucketing.py): a pair of symbols of one graph (batch x length) bucketed at its
+tpu_inductor/runtime/buckets.py): a pair of symbols of one graph (batch x length) bucketed at its
 joint boundaries, in this process and in a new one reading the plan file. Compiles are counted
 (PJRT compiles), not timed; every result equals eager's with NaN in the padding."""
 

@@ -1,4 +1,4 @@
-"""Shape bucketing end to end (passes/bucket_shapes.py, tpu_inductor/bucketing.py): a graph with
+"""Shape bucketing end to end (passes/bucket_shapes.py, tpu_inductor/runtime/buckets.py): a graph with
 symbolic sizes compiles once per bucket, not per size, and every result equals eager's at the
 true sizes — with the padding filled with NaN and the largest integer (`pad_with="nan"`), so a
 padded value that reached a real position would show. Compiles are counted (PJRT compiles are

@@ -1,4 +1,4 @@
-"""Weights made once per parameter version (passes/hoist_weights.py, tpu_inductor/hoisted.py):
+"""Weights made once per parameter version (passes/hoist_weights.py, tpu_inductor/runtime/hoisted.py):
 at inference the concatenated weights of merged matmuls are made on the device when a source
 changes, not on every call, and give eager torch's numbers before and after every change.
 Run on the non-zero-copy CPU device (`cpu-copy`), where a stale copy shows as a wrong number.

@@ -311,7 +311,7 @@ def test_each_shim_marks_a_storage_and_clears_it_with_its_values(clear, tmp_path
 @pytest.mark.parametrize("device", DEVICES)
 def test_arguments_go_as_numpy_views_beside_stale_state_and_stale_ones_as_device_values(device):
     """With state left stale (a compiled step wrote it), a plain host argument still crosses as
-    a numpy view for jax's C++ dispatch; a stale tensor never does (its host memory raises):
+    a numpy view for jax's C++ fast path; a stale tensor never does (its host memory raises):
     it is the device array holding its current values."""
     import numpy as np
 

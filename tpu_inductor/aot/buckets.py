@@ -6,7 +6,7 @@ once with symbolic sizes (torch.export's Dim, at most the largest bucket), and t
 (passes/bucket_shapes.py) rewrites that one graph so an executable compiled at a bucket's sizes
 is exact at every size up to them: the true sizes are extra 0-d int inputs, and every op that
 reads across padding masks it. At a call each dim's size picks the smallest bucket holding it;
-tpu_inductor/bucketing.py pads the inputs and slices the outputs back, as it does under
+tpu_inductor/runtime/buckets.py pads the inputs and slices the outputs back, as it does under
 torch.compile. A size above a dim's largest bucket is an InputMismatchError that names the dim,
 the size and the largest bucket.
 

@@ -63,7 +63,7 @@ class DeviceFacts:
 
     mesh: bool  # over a mesh each graph splits its own arrays: no device copies are shared
     zero_copy: bool  # the CPU's zero-copy client: results cross as views, none is prefetched
-    host_arguments: bool  # the executable is called through jax's C++ dispatch, which sends
+    host_arguments: bool  # the executable is called through jax's C++ fast path, which sends
     # host (numpy) arguments itself
 
 
@@ -81,7 +81,7 @@ class ArgumentPlan:
     sent_as: str  # the transfer ledger's kind when it is sent
     bumped: bool = False  # its version is bumped by the caller just before the call
     donated: bool = False  # the executable takes its buffer over (written in place)
-    host: bool = False  # (plain) handed to jax's C++ dispatch as a host array
+    host: bool = False  # (plain) handed to jax's C++ fast path as a host array
     publish: bool = False  # (plain) returned as a saved activation: its array becomes a mirror
     zeros: bool = False  # (a tangent) an all-zeros value takes a device array sent once
 
@@ -252,7 +252,7 @@ def _arguments(lowered, roles, device, static, saved_outputs) -> tuple[ArgumentP
                 sent_as=_SENT_AS[kind],
                 bumped=position in bumped,
                 donated=slot in donated,
-                # jax's C++ dispatch sends a host array itself: not one whose array becomes a
+                # jax's C++ fast path sends a host array itself: not one whose array becomes a
                 # mirror, nor a donated one
                 host=plain and device.host_arguments and not publish and slot not in donated,
                 publish=publish,

@@ -91,7 +91,7 @@ class CompiledGraph:
         facts = call_plan.DeviceFacts(
             mesh=bool(device.mesh),
             zero_copy=self._transfer.on_cpu,
-            host_arguments=self._run.dispatch is not None,
+            host_arguments=self._run.fast_path is not None,
         )
         self.plan = call_plan.plan_call(lowered, roles or GraphRoles(), facts, static_inputs)
         # Device copies shared between graphs (none over a mesh: each graph splits its own).

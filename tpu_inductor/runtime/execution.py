@@ -1,7 +1,8 @@
-"""Running a loaded executable: jax's C++ dispatch on one device, Python's execute over a mesh.
+"""Running a loaded executable: jax's C++ fast path (the one jit calls through) on one device,
+Python's execute over a mesh.
 
 `Runner(executable, device, lowered)(arrays)` gives one jax array per module result. On one
-device it calls through jax's C++ dispatch, the C++ object (jaxlib's `pjit`) a `jax.jit`
+device it calls through jax's C++ fast path, the C++ object (jaxlib's `pjit`) a `jax.jit`
 function is called through: it checks the arguments' signature, puts host (numpy) arguments
 on the device, runs the executable and builds the result arrays without entering Python;
 Python runs only on a cache miss. Our executables are compiled by our own PJRT client, not by
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from tpu_inductor.sharding import placement as mesh_placement
 
 log = logging.getLogger(__name__)
-# Calls the C++ dispatch handed back to Python ("misses"): one per executable where its fast
+# Calls the C++ fast path handed back to Python ("misses"): one per executable where its fast
 # path holds, every call where this jax's fields did not fit (process-wide; tests, the bench).
 stats: collections.Counter = collections.Counter()
 
@@ -39,14 +40,14 @@ class Runner:
         self._executable = executable
         self._output_specs = lowered.output_specs
         self.result_shardings = mesh_placement.result_shardings(device, lowered, executable)
-        self.dispatch = None
+        self.fast_path = None
         if not device.mesh:
             arguments = len(lowered.tensor_inputs) + lowered.uses_rng
-            self.dispatch = executable_call(executable, device.device, arguments)
+            self.fast_path = executable_call(executable, device.device, arguments)
 
     def __call__(self, arrays: list) -> list:
-        if self.dispatch is not None:
-            return self.dispatch(*arrays)
+        if self.fast_path is not None:
+            return self.fast_path(*arrays)
         shards = self._executable.execute_sharded(arrays).disassemble_into_single_device_arrays()
         if self.result_shardings is None:
             return [x[0] for x in shards]
@@ -62,7 +63,7 @@ class Runner:
 
 def executable_call(executable, device, arguments: int) -> Callable[..., list] | None:
     """A function `(*arguments) -> [result arrays]` running `executable` on one `device`
-    (a jax Device) through jax's C++ dispatch, its arguments jax arrays on `device` or numpy
+    (a jax Device) through jax's C++ fast path, its arguments jax arrays on `device` or numpy
     arrays (put there by jax, in C++); None where this jax cannot build one."""
     try:
         from jax._src import tree_util
@@ -98,7 +99,7 @@ def executable_call(executable, device, arguments: int) -> Callable[..., list] |
 
 
 def _fastpath(executable, sharding, arguments: int, results: list):
-    """What jit's own cache miss hands its C++ dispatch (None: call the miss every time)."""
+    """What jit's own cache miss hands its C++ fast path (None: call the miss every time)."""
     from jax._src import tree_util
     from jax._src.interpreters import pxla
 
@@ -121,4 +122,4 @@ def _fastpath(executable, sharding, arguments: int, results: list):
 
 @functools.cache
 def _unavailable(reason: str) -> None:
-    log.info("tpu_inductor: jax's C++ dispatch is not available here (%s): Python execute", reason)
+    log.info("tpu_inductor: jax's C++ fast path is not available here (%s): Python execute", reason)

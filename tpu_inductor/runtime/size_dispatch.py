@@ -1,7 +1,7 @@
 """Size dispatch: a graph with symbolic sizes runs the executable compiled for its call's sizes.
 
 The shape passes (passes/shapes.py, passes/bucket_shapes.py) decide which sizes a graph is
-compiled at; this is the runtime half (bucketing.py pads inputs to a bucket first): per call, the input signature picks a compiled executable, compiling one (through
+compiled at; this is the runtime half (buckets.py pads inputs to a bucket first): per call, the input signature picks a compiled executable, compiling one (through
 the compile cache) the first time a signature comes. Integer inputs that are values only are
 passed as 0-d int64 tensors, not compiled in: a new value is not a new signature. Should such a
 graph fail to lower, they are compiled in (once per value) from then on, with a warning.

@@ -17,7 +17,7 @@ from tpu_inductor.runtime.host_sync import host_sync
 from tpu_inductor.sharding import placement as mesh_placement
 
 _ALIGNMENT = 64  # bytes; XLA:CPU wants aligned buffers for zero-copy
-# What `Transfer.argument` hands jax's C++ dispatch as numpy: jax takes these as they are.
+# What `Transfer.argument` hands jax's C++ fast path as numpy: jax takes these as they are.
 _NUMPY_DTYPES = frozenset(
     (torch.float32, torch.float16, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 )
@@ -101,7 +101,7 @@ class Transfer:
             return jax.device_put(array, sharding or self.device)
 
     def argument(self, tensor: torch.Tensor):
-        """`to_device` for jax's C++ dispatch (execution.py): a plain contiguous host tensor
+        """`to_device` for jax's C++ fast path (execution.py): a plain contiguous host tensor
         of a dtype numpy has, 32 bits or less, goes as a numpy view, which jax's C++ sends to
         the device (zero-copy on the CPU) without a Python-level transfer; anything else as
         `to_device` makes it. (A 64-bit numpy array would be narrowed by jax without x64.)"""
