@@ -12,9 +12,11 @@ __all__ = [
     "__version__",
     "compiles",
     "mark_sharding",
+    "memory",
     "no_compiles",
     "precompile",
     "register_lowering",
+    "reset_memory_peak",
     "reset_transfers",
     "save_plans",
     "shard",
@@ -107,3 +109,25 @@ def reset_transfers() -> None:
     from tpu_inductor.runtime.ledger import reset
 
     reset()
+
+
+def memory() -> dict:
+    """What this process holds, now: per device, the bytes of the device arrays the runtime
+    keeps by kind (parameters, optimizer_state, gradients, hoisted, saved, buffers, mirrors,
+    unreachable, and their total); per compiled executable, XLA's memory analysis (argument,
+    temporary, output, alias and generated-code bytes per device) and what a call needs beyond
+    the resident state; per device, a peak estimate (resident bytes plus the largest need of
+    the executables run since `reset_memory_peak()`); and `host_held`, the host bytes still
+    held by tensors whose current values are on the devices (storages left stale under
+    host_sync="explicit", by kind; host copies of device tensors eager code read), kept apart
+    from the device bytes even on the CPU. A plain dict: tpu_inductor.runtime.memory."""
+    from tpu_inductor.runtime.memory import memory as ledger
+
+    return ledger()
+
+
+def reset_memory_peak() -> None:
+    """Start the peak estimate of `memory()` again: only executables run after this count."""
+    from tpu_inductor.runtime.memory import reset_peak
+
+    reset_peak()

@@ -398,6 +398,8 @@ def _wrap(found, graph_key, compile_key, device, options: Options, static_inputs
     static = tuple(dict.fromkeys((*static_inputs, *mutated))) if options.resident_params else ()
     compiled = compiled_graph.CompiledGraph(executable, lowered, device, static, graph_key, roles)
     record.transfers = compiled.transfer_summary()
+    record.memory = compiled.memory_summary()
+    compiled.memory.name = record.graph
     records.finish(record)
     return compiled
 

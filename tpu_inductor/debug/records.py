@@ -97,6 +97,9 @@ class CompileRecord:
     # Over a device mesh: the collectives and per-device memory of the executable
     # (collectives.report).
     communication: dict[str, Any] | None = None
+    # XLA's memory analysis of the executable, per device, and what a call needs beyond the
+    # resident state (runtime.CompiledGraph.memory_summary): plain numbers from the caller.
+    memory: dict[str, int] | None = None
     # The lowering rules' choices: attention kernels chosen, XLA fallbacks and why.
     kernels: dict[str, int] = dataclasses.field(default_factory=dict)
     error: str | None = None  # the last failure inside a stage (a recovered cache fault too)
@@ -434,6 +437,7 @@ def compile_summary(record: CompileRecord) -> dict[str, Any]:
         "bucketing": record.bucketing,
         "transfers": record.transfers,
         "communication": record.communication,
+        "memory": record.memory,
         "kernel_choices": record.kernels,
         "fingerprint": record.fingerprint,
         "files": record.files,

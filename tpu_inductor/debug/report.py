@@ -110,6 +110,8 @@ def explain(dump_dir: str | Path, compiles: list[dict[str, Any]] | None = None) 
             )
         if c.get("transfers"):
             lines.append(f"    transfers: {transfer_line(c['transfers'])}")
+        if c.get("memory"):  # records written before it have none
+            lines.append(f"    memory per device: {memory_line(c['memory'])}")
         if c.get("communication"):
             lines.append(f"    communication: {communication_line(c['communication'])}")
         if c["error"]:
@@ -253,6 +255,24 @@ def _size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} B"
+
+
+def memory_line(memory: dict) -> str:
+    """A compile record's memory analysis (XLA's, per device) as one line."""
+    parts = [
+        f"{label} {_size(memory[key])}"
+        for key, label in (
+            ("arguments", "arguments"),
+            ("temporaries", "temporaries"),
+            ("outputs", "outputs"),
+            ("alias", "aliased"),
+            ("generated_code", "code"),
+        )
+        if key in memory
+    ]
+    if "need" in memory:
+        parts.append(f"a call needs {_size(memory['need'])} beyond the resident state")
+    return ", ".join(parts)
 
 
 def communication_line(communication: dict) -> str:

@@ -26,6 +26,7 @@ from tpu_inductor.runtime import (
     devices,
     execution,
     ledger,
+    memory,
     module_results,
     residency,
     transfer,
@@ -106,12 +107,30 @@ class CompiledGraph:
         self.per_call = collections.Counter(dict(self.plan.per_call))  # a steady-state call's
         self._calls = ledger.call_count((*self.per_call.items(), (ledger.CALLS, 1)))
         self._crossed = collections.Counter()  # what crossed besides, by (direction, kind)
+        # XLA's memory analysis, read once here; the memory ledger reads the resident arrays
+        # (`held_arrays`) when asked.
+        self.memory = memory.track(
+            self, executable, device, self.plan, self._shardings, lowered, self._calls
+        )
 
     @property
     def ledger(self) -> collections.Counter:
         """Every call of this graph: bytes by (direction, kind), and the calls (ledger.CALLS)."""
         calls = collections.Counter({self._calls.entries: self._calls.calls})
         return ledger.summed(calls, self._crossed)
+
+    def held_arrays(self):
+        """(kind, tensor, device array) of the arrays this graph keeps between calls: its
+        resident parameters (with their tensors, while alive) and its kept zeros (the memory
+        ledger, memory.py, reads them)."""
+        state = self._resident
+        tensors = state.watched()
+        for index, argument in enumerate(self.plan.resident):
+            array = state.arguments[argument.slot]
+            if array is not None:
+                yield "parameters", tensors[index] if index < len(tensors) else None, array
+        for array in list(self._zeros.values()):
+            yield "mirrors", None, array
 
     def output_partition_specs(self) -> dict[int, tuple]:
         """Over a mesh: graph output index → the partition spec (per dim, a mesh axis or None)
@@ -141,6 +160,14 @@ class CompiledGraph:
             # buffers the executable updates in place (donated): no second copy on the device
             "donated_bytes": sum(a.nbytes for a in self.plan.donated),
         }
+
+    def memory_summary(self) -> dict | None:
+        """For compile records: XLA's memory analysis of the executable, per device (bytes of
+        arguments, temporaries, outputs, alias, generated code), and what a call needs beyond
+        the resident state (memory.py); None where the client has no analysis."""
+        if self.memory.analysis is None:
+            return None
+        return {**self.memory.analysis, "need": self.memory.need}
 
     def __call__(self, args: list) -> list:
         plan = self.plan

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from tpu_inductor.passes import hoist_weights
-from tpu_inductor.runtime import compiled_graph, eager_graph, residency
+from tpu_inductor.runtime import compiled_graph, eager_graph, memory, residency
 
 stats: collections.Counter = collections.Counter()  # prologue calls ("made"), process-wide
 
@@ -52,6 +52,14 @@ class HoistedGraph:
         self.prologue, self.main, self.sources = prologue, main, tuple(sources)
         self._released = tuple(self.sources.index(i) for i in prologue_only)
         self._made: _Made | None = None  # the values and the stamp they were made at
+        memory.hold(self)
+
+    def held_arrays(self):
+        """(kind, tensor, device array) of the values made (the memory ledger reads them)."""
+        made = self._made
+        for value in () if made is None else made.values:
+            if isinstance(value, residency.DeviceTensor):
+                yield "hoisted", None, value.array
 
     def __call__(self, args: list) -> list:
         tensors = [args[i] for i in self.sources]

@@ -111,6 +111,8 @@ class _Pending:
     shape: tuple[int, ...]
     dtype: torch.dtype
     to_torch: Callable[[Any], torch.Tensor]
+    key: int = 0  # the StorageImpl address it is kept under
+    gradient: bool = False  # a backward's gradient (else a value a graph wrote)
 
 
 class HostSync:
@@ -160,6 +162,8 @@ class HostSync:
             tuple(tensor.shape),
             tensor.dtype,
             to_torch,
+            key,
+            what == GRADIENT,
         )
         if len(self.pending) > 2 * self._live_after_prune + 64:
             self._prune()
@@ -186,6 +190,11 @@ class HostSync:
         ):
             return None
         return entry.array
+
+    def held(self) -> list[tuple[_Pending, bool]]:
+        """Each stale storage's entry and whether the storage is alive (a dead one's device
+        array is held until the next prune): the memory ledger reads them."""
+        return [(entry, not entry.storage.expired()) for entry in list(self.pending.values())]
 
     def is_stale(self, tensor: torch.Tensor) -> bool:
         return bool(self.pending) and tensor.untyped_storage()._cdata in self.pending

@@ -143,6 +143,10 @@ class WeakIdentityMap:
             return default
         return self._entries.pop(id(key))[1]
 
+    def entries(self) -> list[tuple[weakref.ref, Any]]:
+        """(weak reference to the key, value) of every entry."""
+        return list(self._entries.values())
+
     def clear(self) -> None:
         self._entries.clear()
 
@@ -206,6 +210,16 @@ class Mirrors:
         """Forget `tensor`'s device copy (its memory is freed unless a graph holds it)."""
         self._copies.pop(tensor, None)
 
+    def held(self) -> list[tuple[torch.Tensor | None, Any, bool]]:
+        """(tensor, device array, found by memory) of every copy kept: a copy by identity has
+        its tensor (None where it died), one by memory (a backward's output) has none; a dead
+        storage's is held until the next prune (tensor None, False)."""
+        found = [(entry[0](), entry[1][2], False) for entry in self._copies.entries()]
+        for entry in list(self._by_memory.values()):
+            alive = not entry[3].expired()
+            found.append((None, entry[2], alive))
+        return found
+
     def clear(self) -> None:
         self._copies.clear()
         self._by_memory.clear()
@@ -257,6 +271,10 @@ class Watched:
     def watch(self, tensors: Sequence[torch.Tensor], owner: Any) -> None:
         refs = weakref.ref(owner), weakref.ref(self)
         self._finalizers = [weakref.finalize(t, _drop, *refs) for t in tensors]
+
+    def watched(self) -> list[torch.Tensor | None]:
+        """The tensors watched, in order (None for one that died)."""
+        return [None if (f := finalizer.peek()) is None else f[0] for finalizer in self._finalizers]
 
     def unwatch(self) -> None:
         for finalizer in self._finalizers:
