@@ -8,7 +8,9 @@ import logging
 import torch
 
 from tests.helpers import assert_same
+from tpu_inductor.cache import stores
 from tpu_inductor.debug import report
+from tpu_inductor.runtime import devices
 
 SIZES = (2, 5, 7)  # static, then automatic dynamic (a symbolic graph), then a specialization
 
@@ -40,6 +42,10 @@ def folders(compiles, kind):
 def dump_run(tmp_path_factory):
     """Train-step a model through torch.compile at three batch sizes, dumping every compile."""
     dump = tmp_path_factory.mktemp("dump")
+    # Every stage is dumped only where it runs: no executable another test left in this
+    # process's memory cache may turn these compiles into hits (cache=False is the disk's).
+    stores.memory_cache.clear()
+    devices.forget_executables()
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = Block()
