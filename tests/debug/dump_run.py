@@ -9,7 +9,7 @@ import torch
 
 from tests.helpers import assert_same
 from tpu_inductor.cache import stores
-from tpu_inductor.debug import report
+from tpu_inductor.debug import records, report
 from tpu_inductor.runtime import devices
 
 SIZES = (2, 5, 7)  # static, then automatic dynamic (a symbolic graph), then a specialization
@@ -42,10 +42,12 @@ def folders(compiles, kind):
 def dump_run(tmp_path_factory):
     """Train-step a model through torch.compile at three batch sizes, dumping every compile."""
     dump = tmp_path_factory.mktemp("dump")
-    # Every stage is dumped only where it runs: no executable another test left in this
-    # process's memory cache may turn these compiles into hits (cache=False is the disk's).
+    # The run is this process's first: no executable another test left in the memory cache may
+    # turn its compiles into hits (cache=False is the disk's), and no earlier test's compile
+    # record of the same graph may stand as the "earlier compile" a recompile is explained by.
     stores.memory_cache.clear()
     devices.forget_executables()
+    records.records.clear()
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = Block()
