@@ -227,8 +227,10 @@ def lower(
             partial=tuple(partial),
             part_specs=tuple(part_specs),
         )
-        if shardings is not None:  # the results the host reads whole; saved ones left open
+        if shardings is not None:  # the results the host reads whole; saved ones and the new
+            # values of written inputs (an optimizer step's, split as their inputs) left open
             kept = {result_of[i] for i in separate_outputs if i in result_of}
+            kept.update(result for _, result in mutations)
             replicated = shardings.named()[-1]
             results = [
                 r if i in kept else jax.lax.with_sharding_constraint(r, replicated)

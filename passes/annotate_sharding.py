@@ -8,7 +8,9 @@ inside compiled code and from their gradients). Writes:
 - a `GraphSharding` (the mesh, each input's spec), read with `layout_of(gm)`: compile_fx
   compiles the graph for the mesh's devices and gives the lowering the inputs' specs;
 - a constraint on each placed output, so the partitioner computes it split that way (a
-  gradient reduce-scattered into its parameter's layout, not all-reduced).
+  gradient reduce-scattered into its parameter's layout, not all-reduced);
+- a constraint on the new value of each placed input the graph writes (an optimizer step's
+  parameters and moments stay split as placed, never gathered whole on every device).
 
 An input with no placement whose value goes straight into a constraint takes that
 constraint's spec (it is sent shard by shard instead of whole and then split). The mesh is
@@ -85,6 +87,7 @@ def run(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
     ctx.rewrites["constraints"] += len(constraints)
     if plan is not None and plan.outputs:
         _constrain_outputs(gm, mesh, plan.outputs, ctx)
+    _constrain_writes(gm, mesh, inputs, placeholders, ctx)
     _expert_parallel(gm, mesh, inputs, ctx)
     gm.meta["sharding"] = GraphSharding(mesh, inputs)
     return gm
@@ -115,6 +118,28 @@ def _constrain_outputs(gm, mesh: Mesh, outputs: dict[int, Spec], ctx: PassContex
         values[position] = node
         ctx.rewrites["outputs"] += 1
     output.args = (tuple(values),) + tuple(output.args[1:])
+
+
+def _constrain_writes(gm, mesh: Mesh, inputs: dict[int, Spec], placeholders, ctx) -> None:
+    """A constraint on the new value of each placed input the graph writes (AOTAutograd's
+    `copy_` into it: an optimizer step's parameters and moments), so it stays split as placed
+    (else the partitioner may return it whole on every device)."""
+    position_of = {node: i for i, node in enumerate(placeholders)}
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.copy_.default:
+            continue
+        target, value = node.args[0], node.args[1]
+        spec = inputs.get(position_of.get(target, -1))
+        fake = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+        if not spec or not isinstance(fake, torch.Tensor) or fake.ndim < len(spec):
+            continue
+        with gm.graph.inserting_before(node):
+            split = gm.graph.call_function(
+                torch.ops.tpu_inductor.shard_as.default, (value, str(mesh), encode_spec(spec))
+            )
+        split.meta["val"] = fake
+        node.args = (target, split, *node.args[2:])
+        ctx.rewrites["written_inputs"] += 1
 
 
 aten = torch.ops.aten

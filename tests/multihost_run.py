@@ -67,6 +67,7 @@ def main(argv=None) -> int:
         reference_optimizer.step()
         reference_optimizer.zero_grad()
         losses.append([loss.item(), expected.item()])
+    tpu_inductor.sync(model)  # (placed on the mesh, the model lives there: gathered home)
     diff = max(
         (p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters())
     )

@@ -91,7 +91,8 @@ def train(model, inputs, steps: int, placed=None, options=None, compiled=True) -
             continue
         loss = forward(**inputs, labels=inputs["input_ids"]).loss
         loss.backward()
-        if i == 0:
+        if i == 0:  # (state on a mesh lives on its devices: brought home to read)
+            tpu_inductor.sync(model)
             gradients = [p.grad.clone() for p in model.parameters()]
         step()
         optimizer.zero_grad(set_to_none=True)
@@ -103,6 +104,7 @@ def train(model, inputs, steps: int, placed=None, options=None, compiled=True) -
         tpu_inductor.compiles() - compiles_after_first,
         traced["unique_graphs"] - traced_after_first,
     )
+    tpu_inductor.sync(model)
     return Run(logits, losses, model, gradients, new)
 
 

@@ -38,6 +38,7 @@ from tpu_inductor.passes.context import PassContext
 from tpu_inductor.runtime import (
     buckets,
     compiled_graph,
+    device_state,
     devices,
     eager_graph,
     hoisted,
@@ -396,6 +397,10 @@ def _wrap(found, graph_key, compile_key, device, options: Options, static_inputs
     # written by this call, serves the next one (residency.mirrors).
     mutated = tuple(position for position, _ in lowered.mutations)
     static = tuple(dict.fromkeys((*static_inputs, *mutated))) if options.resident_params else ()
+    if device.mesh and not roles.defer_host and device_state.placed() and _can_defer():
+        # A model placed on a mesh lives on its devices (runtime/device_state.py): the state
+        # written and the gradients returned there stay there, whatever host_sync says.
+        roles = dataclasses.replace(roles, defer_host=True)
     compiled = compiled_graph.CompiledGraph(executable, lowered, device, static, graph_key, roles)
     record.transfers = compiled.transfer_summary()
     record.memory = compiled.memory_summary()

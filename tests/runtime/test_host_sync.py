@@ -178,7 +178,9 @@ def test_gradients_accumulated_over_two_backward_calls_raise_and_keep_the_first(
     forward = _compile(model, device)
     x, y = torch.randn(4, 8), torch.randn(4, 8)
     forward(x).sum().backward()
-    with pytest.raises(RuntimeError, match="accumulate gradients that way, compile with"):
+    with pytest.raises(
+        RuntimeError, match="accumulate gradients that way on one device, compile with"
+    ):
         forward(y).sum().backward()
     reference(x).sum().backward()
     tpu_inductor.sync()
@@ -423,3 +425,43 @@ def test_a_graph_run_by_eager_torch_reads_current_values(monkeypatch):
     forward = torch.compile(lambda t: model(t) * 2, backend="tpu_inductor", options=options)
     torch.testing.assert_close(forward(x), reference(x) * 2)
     torch.testing.assert_close(model.weight, reference.weight)  # home: no longer stale
+
+
+def _resident() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="madvise gives pages back on Linux"
+)
+def test_a_stale_storage_gives_its_memory_back_and_a_sync_brings_the_values_home():
+    """Left stale, a 64 MiB tensor's host pages go back to the system (the process's resident
+    memory falls by about as much, the ledger's held bytes to the two partial end pages at
+    most); shared memory (another process may map it) is kept; a sync writes the values back."""
+    import jax
+    import numpy as np
+
+    from tpu_inductor.runtime.host_sync import host_sync
+
+    device = devices.select_device("cpu-copy")
+    values = torch.randn(16, 1024, 1024)
+    tensor = values.clone()
+    array = jax.device_put(values.numpy(), device.device)
+    to_host = lambda a: torch.from_numpy(np.array(a))  # noqa: E731
+    before = _resident()
+    assert host_sync.defer(tensor, array, device.key, to_host)
+    given_back = before - _resident()
+    assert given_back >= 60 * 2**20, given_back
+    assert host_sync.resident_bytes(tensor) <= 2 * 4096
+    _raises_stale(tensor.sum)
+    assert tpu_inductor.sync(tensor) == values.numel() * 4
+    torch.testing.assert_close(tensor, values, rtol=0, atol=0)
+    assert host_sync.resident_bytes(tensor) == values.numel() * 4
+
+    shared = torch.ones(1024, 1024).share_memory_()  # another process may map it: kept
+    assert host_sync.defer(
+        shared, jax.device_put(np.ones((1024, 1024), np.float32)), device.key, to_host
+    )
+    assert host_sync.resident_bytes(shared) == 4 * 2**20
+    tpu_inductor.sync(shared)

@@ -5,7 +5,9 @@ parameter split over 8 virtual CPU devices counted by its shard on each."""
 
 from __future__ import annotations
 
+import gc
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -36,6 +38,8 @@ def _stale(kind: str) -> int:
 
 
 def test_a_compiled_linear_holds_its_parameters_on_the_device():
+    torch._dynamo.reset()  # (an earlier test's graphs, collected mid-test, would move `before`)
+    gc.collect()
     model = nn.Linear(64, 32)
     before = _on_device("parameters")
     compiled = torch.compile(model, backend="tpu_inductor", options={"device": "cpu-copy"})
@@ -53,8 +57,8 @@ def test_a_compiled_linear_holds_its_parameters_on_the_device():
     assert _on_device("parameters") == before
 
 
-def test_an_adamw_step_keeps_parameters_and_moments_on_the_device_and_stale_on_the_host():
-    model = nn.Linear(64, 32)
+def test_an_adamw_step_keeps_parameters_and_moments_on_the_device_and_none_on_the_host():
+    model = nn.Linear(512, 256)
     parameters = _nbytes(model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     options = {"device": "cpu-copy", "host_sync": "explicit"}
@@ -64,7 +68,7 @@ def test_an_adamw_step_keeps_parameters_and_moments_on_the_device_and_stale_on_t
     before = tpu_inductor.memory()
     for _ in range(3):
         optimizer.zero_grad(set_to_none=True)
-        forward(torch.randn(8, 64)).sum().backward()
+        forward(torch.randn(8, 512)).sum().backward()
         step()
     after = tpu_inductor.memory()
 
@@ -77,11 +81,13 @@ def test_an_adamw_step_keeps_parameters_and_moments_on_the_device_and_stale_on_t
     # both moments, and AdamW's step counters (one float32 each, written on the host as well)
     assert 2 * parameters <= grew("device", "optimizer_state") <= 2 * parameters + 4 * 2
     assert grew("device", "gradients") == parameters  # the last backward's
-    # The host storages left stale still hold their memory: what issue 38 drives to zero.
-    assert grew("host", "parameters") == parameters
-    assert grew("host", "optimizer_state") == 2 * parameters
-    assert grew("host", "gradients") == parameters
-    assert after["host_held"]["total"] >= 4 * parameters
+    # The host storages left stale gave their memory back: at most the two partial pages at
+    # the ends of each (weight and bias of the parameters, of the gradients, of each moment).
+    page = mmap.PAGESIZE
+    assert grew("host", "parameters") <= 2 * 2 * page
+    assert grew("host", "optimizer_state") <= 2 * 2 * 2 * page
+    assert grew("host", "gradients") <= 2 * 2 * page
+    assert after["host_held"]["total"] <= 16 * page < parameters / 8
     assert tpu_inductor.sync() == 4 * parameters  # weights, gradients, both moments
     synced = tpu_inductor.memory()
     assert synced["host_held"]["stale"] == dict.fromkeys(synced["host_held"]["stale"], 0)

@@ -138,6 +138,7 @@ for sizes in ([5, 4, 5, 4, 5, 4, 5, 4], [0, 0, 0, 0, 0, 0, 30, 6], [36] + [0] * 
         tpu_inductor.mark_sharding(xs, mesh, ("data", None))
         out = run(xs, offs)
         (out * ct).sum().backward()
+        tpu_inductor.sync()  # (a model placed on a mesh lives there: brought home to compare)
         results.append((out.detach(), xs.grad, layer.experts["w"].grad))
         layer.experts["w"].grad = None
     errors.append(max(((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
@@ -174,6 +175,7 @@ x = torch.randn(8, 16)
 tpu_inductor.mark_sharding(x, mesh, ("data", None))
 compiled(x).square().sum().backward()
 reference(x).square().sum().backward()
+tpu_inductor.sync()  # (a model placed on a mesh lives there: brought home to compare)
 print(json.dumps([((p.grad - q.grad).abs().max() / q.grad.abs().max()).item()
                   for p, q in zip(model.parameters(), reference.parameters())]))
 """
@@ -231,6 +233,7 @@ graphs = [counters["stats"]["unique_graphs"]]
 tpu_inductor.shard(model, mesh, {"weight": (None, "model")})
 columns = compiled(x)
 graphs.append(counters["stats"]["unique_graphs"])
+tpu_inductor.sync(model)  # (placed on a mesh, it lives there: brought home for eager torch)
 expected = model(x)
 errors = [(y - expected).abs().max().item() for y in (first, again, columns)]
 print(json.dumps({"graphs": graphs, "errors": errors}))
@@ -380,7 +383,7 @@ ENTRY %main (x: f32[8,4], y: f32[6]) -> (f32[2,4], f32[6], f32[3]) {
 def test_an_optimizers_state_takes_its_parameters_placement():
     model = _mlp()
     mesh = tpu_inductor.Mesh({"data": 2})
-    tpu_inductor.shard(model, mesh, {"0.weight": ("data", None)})
+    sharding.shard(model, mesh, {"0.weight": ("data", None)})  # (placements only: no devices)
     optimizer = torch.optim.Adam(model.parameters())
     model(torch.randn(2, 16)).sum().backward()
     optimizer.step()  # the moments exist now

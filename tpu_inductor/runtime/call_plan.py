@@ -61,7 +61,7 @@ class Destination(enum.Enum):
 class DeviceFacts:
     """What the plan needs to know of the device."""
 
-    mesh: bool  # over a mesh each graph splits its own arrays: no device copies are shared
+    mesh: bool  # over a mesh: a backward's tangents are sent as they come
     zero_copy: bool  # the CPU's zero-copy client: results cross as views, none is prefetched
     host_arguments: bool  # the executable is called through jax's C++ fast path, which sends
     # host (numpy) arguments itself
@@ -149,7 +149,6 @@ class CallPlan:
     returns: tuple[ReturnPlan, ...]
     views: tuple[ViewPlan, ...]
     uses_rng: bool  # a per-call int32[2] seed goes first among the module's arguments
-    shares_copies: bool  # device copies are shared between graphs as mirrors (one device)
     outputs_by_memory: bool  # outputs' mirrors are found by their memory too (a backward's)
     prefetch: bool  # the copies to the host are started at once, where more than one
     # Derived: the selections a call loops over, in slot or result order.
@@ -188,8 +187,7 @@ def plan_call(lowered, roles, device: DeviceFacts, static_inputs: Iterable[int] 
     """The call plan of module `lowered` (a lowering.LoweredModule, or anything with its call
     description) under `roles` (a compiled_graph.GraphRoles) on `device`; `static_inputs` are
     the graph inputs that are parameters and buffers (kept on the device while unchanged)."""
-    shares = not device.mesh
-    defer = roles.defer_host and shares
+    defer = roles.defer_host
     saved_outputs = frozenset(roles.saved_outputs)
     results = _results(lowered, roles, device, saved_outputs, defer)
     return CallPlan(
@@ -203,7 +201,6 @@ def plan_call(lowered, roles, device: DeviceFacts, static_inputs: Iterable[int] 
             if s.view
         ),
         uses_rng=lowered.uses_rng,
-        shares_copies=shares,
         outputs_by_memory=roles.mirror_outputs,
         prefetch=not device.zero_copy,
     )
@@ -290,7 +287,7 @@ def _results(lowered, roles, device, saved_outputs, defer) -> tuple[ResultPlan, 
         cast = spec.dtype if spec.dtype != module_dtype else None
         stays = r not in written_values or leaves_stale(math.prod(spec.shape))
         kept = kind == "kept" and cast is None and roles.keep_saved
-        published = not device.mesh and kind == "output" and cast is None
+        published = kind == "output" and cast is None
         on_device = kind == "device" or kind == "deferred" and stays
         stale = published and defer and roles.mirror_outputs and r not in viewed and stays
         goes = (

@@ -95,8 +95,9 @@ class CompiledGraph:
             host_arguments=self._run.fast_path is not None,
         )
         self.plan = call_plan.plan_call(lowered, roles or GraphRoles(), facts, static_inputs)
-        # Device copies shared between graphs (none over a mesh: each graph splits its own).
-        self._mirror_key = self._transfer.key if self.plan.shares_copies else None
+        # Device copies shared between graphs (over a mesh, moved between its devices where a
+        # graph splits them otherwise: Transfer.resharded).
+        self._mirror_key = self._transfer.key
         # Parameters and buffers stay on the device while their stamp holds (see
         # `_resident_arguments`), in one state replaced whole: threads calling with the
         # parameters of different modules each use the state they made.
@@ -193,6 +194,8 @@ class CompiledGraph:
                 distributed.agree("the random seed of a graph's first call", str(seed.tolist()))
                 self._seed_agreed = True
             arrays.insert(0, to_device(seed, shardings[-1]))
+        if plan.stale and host_sync.pending:  # the gradients zero_grad dropped: freed first
+            host_sync.prune()
         if self._multiprocess:
             distributed.execution_started()
         results = self._execute(arrays, args)
@@ -214,8 +217,7 @@ class CompiledGraph:
                 module_results.write_part(tensor, write.part, outs)
             else:
                 tensor.copy_(self._host_value(outs, results, result))
-            if plan.shares_copies:
-                self._mirror_written(tensor, results[result])
+            self._mirror_written(tensor, results[result])
         returned = [
             outs[o.result]
             if o.result is not None
@@ -295,7 +297,9 @@ class CompiledGraph:
         for p in plan.stale:  # gradients under host_sync="explicit"
             r = p.index
             outs[r] = to_torch(results[r]) if on_cpu else torch.empty(p.shape, dtype=p.dtype)
-            host_sync.defer(outs[r], results[r], self._mirror_key, to_torch, GRADIENT)
+            host_sync.defer(
+                outs[r], results[r], self._mirror_key, to_torch, GRADIENT, release=not on_cpu
+            )
         return outs
 
     def _looked_up_arguments(self, args: list, arrays: list) -> None:
@@ -310,12 +314,12 @@ class CompiledGraph:
                 and value.device_key == self._transfer.key
                 and cast is None
             ):
-                arrays[slot] = self._resharded(value.array, self._shardings[slot])
+                arrays[slot] = self._transfer.resharded(value.array, self._shardings[slot])
                 continue
-            if key is not None and cast is None:
+            if cast is None:
                 array = residency.mirrors.get(value, key, a.bumped)
                 if array is not None:
-                    arrays[slot] = array
+                    arrays[slot] = self._transfer.resharded(array, self._shardings[slot])
                     continue
             value = value if cast is None else value.to(cast)
             zero = a.zeros and not host_sync.is_stale(value) and not value.any()
@@ -328,22 +332,11 @@ class CompiledGraph:
                 sent[ledger.HOST_TO_DEVICE, a.sent_as] += a.nbytes
                 if zero:
                     self._zeros[slot] = array
-                elif key is not None and cast is None:
+                elif cast is None:
                     self._publish(value, array)
             arrays[slot] = array
         if sent:
             ledger.add(sent.items(), self._crossed)
-
-    def _resharded(self, array, sharding):
-        """`array` (a saved activation on this mesh) split as this module takes it: moved
-        between the devices where the forward's layout differs (no host crossing)."""
-        if sharding is None or array.sharding.is_equivalent_to(sharding, array.ndim):
-            return array
-        import jax
-
-        devices.stats["mesh_reshards"] += 1
-        with mesh_placement.exact_dtypes():
-            return jax.device_put(array, sharding)
 
     def _resident_arguments(self, args: list) -> Sequence[Any]:
         """The module's arguments with the parameters' arrays: sent again where they changed
@@ -401,7 +394,7 @@ class CompiledGraph:
         key = self._mirror_key if a.cast is None else None
         array = None if key is None else residency.mirrors.get(tensor, key, a.bumped)
         if array is not None:
-            return array
+            return self._transfer.resharded(array, self._shardings[a.slot])
         value = tensor if a.cast is None else tensor.to(a.cast)
         array = self._transfer.to_device(value, self._shardings[a.slot])
         ledger.add([((ledger.HOST_TO_DEVICE, a.sent_as), a.nbytes)], self._crossed)

@@ -33,8 +33,8 @@ stats: collections.Counter = collections.Counter()
 class Runner:
     """Runs `executable` (compiled for `device`, from module `lowered`): `runner(arrays)`,
     arrays one per module argument (on one device, numpy arrays jax sends may stand for
-    some), gives one jax array per module result. Over a mesh: device 0's copy of a
-    replicated result, else the result assembled from its shards."""
+    some), gives one jax array per module result. Over a mesh: the result assembled from its
+    shards (a replicated one too: a value left on the mesh is every device's copy)."""
 
     def __init__(self, executable, device, lowered):
         self._executable = executable
@@ -54,9 +54,7 @@ class Runner:
         import jax
 
         return [
-            x[0]
-            if sharding.is_fully_replicated
-            else jax.make_array_from_single_device_arrays(spec.shape, sharding, x)
+            jax.make_array_from_single_device_arrays(spec.shape, sharding, x)
             for x, sharding, spec in zip(shards, self.result_shardings, self._output_specs)
         ]
 

@@ -17,6 +17,15 @@ torch's own header sets it, compiled once per torch build with the system's C++ 
 kept in the user's cache directory. Without a compiler the option warns and works as
 `"each_call"`.
 
+A stale storage holds no host memory: its pages are given back to the operating system
+(`madvise(MADV_DONTNEED)`, Linux) and come back, zeroed, when a sync writes them. Its address
+and size stay, so nothing that keys on them changes. Not given back: shared memory (another
+process maps it) and the memory of a device buffer itself (a gradient on the zero-copy CPU is
+the array's own memory). A numpy view of such a tensor (`.numpy()` taken before, or the array
+a tensor was made from) reads zeros, as it would read old values without the release: only
+`tpu_inductor.sync()` makes it current. Elsewhere (no `madvise`) the memory stays held, and the
+memory ledger shows it.
+
 Only a tensor that covers its whole storage (contiguous, offset 0: a parameter, an optimizer
 state, a gradient) is left stale; another is written on the host as by default. So is a tensor
 of one element: counters and step counts (a static cache's length, AdamW's `step`), which eager
@@ -28,9 +37,12 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import hashlib
+import mmap
 import os
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
@@ -44,17 +56,22 @@ from tpu_inductor.runtime import ledger
 
 MESSAGE = (
     "tpu_inductor: this tensor's current values are on the device, not in its host memory: "
-    "{what} under options={{'host_sync': 'explicit'}}. Call tpu_inductor.sync() before reading "
-    "or writing it from eager code (or compile the code that reads it), or compile with "
-    "options={{'host_sync': 'each_call'}} (mode='reduce-overhead' implies 'explicit'; "
-    "TPU_INDUCTOR_HOST_SYNC=each_call overrides it)."
+    "{what}. Call tpu_inductor.sync() (every such tensor) or tpu_inductor.sync(model, "
+    "optimizer, tensor, ...) before eager code reads or writes it, or compile the code that "
+    "reads it. On one device, options={{'host_sync': 'each_call'}} keeps host copies current "
+    "(mode='reduce-overhead' implies 'explicit'; TPU_INDUCTOR_HOST_SYNC=each_call overrides "
+    "it); state on a device mesh (tpu_inductor.shard) always lives on its devices."
 )
-WRITTEN = "a compiled graph wrote it"
+WRITTEN = (
+    "a compiled graph wrote it and left it there (options={'host_sync': 'explicit'}, or a "
+    "graph over a device mesh)"
+)
 GRADIENT = (
-    "it is a gradient a compiled backward returned (eager autograd adds the gradients of "
-    "several backward calls on the host: to accumulate gradients that way, compile with "
-    "host_sync='each_call')"
+    "it is a gradient a compiled backward returned and left there (eager autograd adds the "
+    "gradients of several backward calls on the host: to accumulate gradients that way on one "
+    "device, compile with host_sync='each_call')"
 )
+PLACED = "tpu_inductor.shard placed it on a device mesh"
 
 _MARK = r"""
 #include <c10/core/StorageImpl.h>
@@ -113,6 +130,7 @@ class _Pending:
     to_torch: Callable[[Any], torch.Tensor]
     key: int = 0  # the StorageImpl address it is kept under
     gradient: bool = False  # a backward's gradient (else a value a graph wrote)
+    held: int = 0  # the host bytes it still holds (all of them where none could be released)
 
 
 class HostSync:
@@ -132,10 +150,19 @@ class HostSync:
             return str(e)
         return None
 
-    def defer(self, tensor: torch.Tensor, array, device_key, to_torch, what: str = WRITTEN) -> bool:
+    def defer(
+        self,
+        tensor: torch.Tensor,
+        array,
+        device_key,
+        to_torch,
+        what: str = WRITTEN,
+        release: bool = True,
+    ) -> bool:
         """Leave `tensor`'s host memory stale, `array` its values on the device; False (nothing
         done) when it does not cover its whole storage: its host copy is written instead.
-        `what` says in the error why it is stale (WRITTEN, GRADIENT)."""
+        `what` says in the error why it is stale (WRITTEN, GRADIENT). Its memory is given back
+        to the system unless `release` is False (it is `array`'s own) or it cannot be."""
         storage = tensor.untyped_storage()
         key = storage._cdata
         entry = self.pending.get(key)
@@ -151,9 +178,12 @@ class HostSync:
             return False
         from torch.multiprocessing.reductions import StorageWeakRef
 
-        address = tensor.data_ptr()
+        address, nbytes = tensor.data_ptr(), storage.nbytes()
+        release = release and not storage.is_shared()
         mark, _ = self._marker()
         mark(key, MESSAGE.format(what=what))
+        if release:  # (after the mark: nothing reads it now)
+            nbytes -= _give_back(address, nbytes)
         self.pending[key] = _Pending(
             StorageWeakRef(storage),
             address,
@@ -164,9 +194,10 @@ class HostSync:
             to_torch,
             key,
             what == GRADIENT,
+            nbytes,
         )
         if len(self.pending) > 2 * self._live_after_prune + 64:
-            self._prune()
+            self.prune()
         return True
 
     def address(self, tensor: torch.Tensor) -> int | None:
@@ -176,25 +207,31 @@ class HostSync:
             return None
         return entry.address + tensor.storage_offset() * tensor.element_size()
 
-    def array(self, tensor: torch.Tensor, device_key) -> Any | None:
-        """The device array of a stale `tensor` (one that is its storage, as deferred) on the
-        device of `device_key`, else None."""
+    def array(self, tensor: torch.Tensor) -> tuple[Any, Any] | None:
+        """(device array, its device key) of a stale `tensor` (one that is its storage, as
+        deferred), else None."""
         entry = self.pending.get(tensor.untyped_storage()._cdata)
         if (
             entry is None
-            or entry.device_key != device_key
             or tensor.storage_offset() != 0
             or tuple(tensor.shape) != entry.shape
             or tensor.dtype != entry.dtype
             or not tensor.is_contiguous()
         ):
             return None
-        return entry.array
+        return entry.array, entry.device_key
 
     def held(self) -> list[tuple[_Pending, bool]]:
         """Each stale storage's entry and whether the storage is alive (a dead one's device
         array is held until the next prune): the memory ledger reads them."""
         return [(entry, not entry.storage.expired()) for entry in list(self.pending.values())]
+
+    def resident_bytes(self, tensor: torch.Tensor) -> int:
+        """The host bytes `tensor`'s storage holds: a stale one's that could not be released,
+        any other's all."""
+        storage = tensor.untyped_storage()
+        entry = self.pending.get(storage._cdata)
+        return storage.nbytes() if entry is None else entry.held
 
     def is_stale(self, tensor: torch.Tensor) -> bool:
         return bool(self.pending) and tensor.untyped_storage()._cdata in self.pending
@@ -232,7 +269,7 @@ class HostSync:
                 ledger.add([((ledger.DEVICE_TO_HOST, "synced"), copied)])
             return copied
 
-    def _prune(self) -> None:
+    def prune(self) -> None:
         """Drop the entries of storages that died (their device arrays with them)."""
         self.pending = {k: e for k, e in self.pending.items() if not e.storage.expired()}
         self._live_after_prune = len(self.pending)
@@ -242,6 +279,29 @@ class HostSync:
         if self._marks is None:
             self._marks = _torch_marks() or _shim_marks()
         return self._marks
+
+
+def _give_back(address: int, nbytes: int) -> int:
+    """Give the whole pages of host memory [address, address + nbytes) back to the system (read
+    again they are zeros); the bytes given back (0 where `madvise` is not to be had)."""
+    madvise, page = _madvise()
+    start = -(-address // page) * page
+    end = (address + nbytes) // page * page
+    if madvise is None or end <= start:
+        return 0
+    if madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), mmap.MADV_DONTNEED):
+        return 0
+    return end - start
+
+
+@functools.cache
+def _madvise() -> tuple[Callable | None, int]:
+    """libc's madvise (None off Linux: elsewhere MADV_DONTNEED may keep the pages) and the page size."""
+    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_DONTNEED"):
+        return None, mmap.PAGESIZE
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc.madvise, mmap.PAGESIZE
 
 
 def _alive(weak) -> torch.UntypedStorage | None:

@@ -35,8 +35,8 @@ and its outputs, less the outputs that reuse a donated argument's buffer.
 
 Per process, `host_held`: host memory of tensors whose current values are on the devices, kept
 apart from the device bytes even on the CPU, where both are host memory: storages left stale
-under host_sync="explicit" (they still hold their memory: issue 38 makes them hold none), by
-kind, and the host copies a DeviceTensor made when eager code read it ("materialized").
+under host_sync="explicit" (the bytes each still holds: its memory is given back to the system
+where it can be, host_sync.py), by kind, and the host copies a DeviceTensor made when eager code read it ("materialized").
 """
 
 from __future__ import annotations
@@ -263,7 +263,7 @@ def _host_held(roles: _Roles, device_tensors: list, tensors: dict, addresses: se
         tensor = tensors.get(entry.key)
         kind = roles.kind(tensor, "gradients" if entry.gradient else "buffers")
         kind = kind if kind in stale else "buffers"
-        stale[kind] += math.prod(entry.shape) * entry.dtype.itemsize
+        stale[kind] += entry.held
     copies = {}
     for tensor in device_tensors:
         host = tensor._host

@@ -167,6 +167,9 @@ class Mirrors:
         self._copies = WeakIdentityMap()
         self._by_memory: dict[tuple, tuple] = {}
         self._memory_devices: set = set()  # the device keys `_by_memory` holds copies on
+        # tensor → the states (Watched) that hold an array of it: dropped when a new copy
+        # replaces the old (an optimizer step's), so no graph keeps the old version alive
+        self._holders = WeakIdentityMap()
 
     def get(self, tensor: torch.Tensor, device_key: Any, bumped: bool = False):
         """The device copy of `tensor` on the device of `device_key`, or None if there is none
@@ -189,11 +192,27 @@ class Mirrors:
         """Whether `tensor` has a device copy on some device (current or not)."""
         if tensor in self._copies:
             return True
-        return any(_memory(tensor, key) in self._by_memory for key in self._memory_devices)
+        for key in self._memory_devices:
+            entry = self._by_memory.get(_memory(tensor, key))
+            if entry is not None and not entry[3].expired():  # (not a dead storage's memory)
+                return True
+        return False
 
     def put(self, tensor: torch.Tensor, device_key: Any, array) -> None:
-        """`array` is `tensor`'s current values on the device of `device_key`."""
+        """`array` is `tensor`'s current values on the device of `device_key`: the states
+        that hold an older copy are dropped (their graphs take this one at their next call)."""
+        before = self._copies.get(tensor)
         self._copies[tensor] = (device_key, stamp(tensor), array)
+        if before is not None and before[2] is not array:
+            for owner, state in self._holders.pop(tensor, {}).values():
+                _drop(owner, state)
+
+    def hold(self, tensor: torch.Tensor, owner: weakref.ref, state: weakref.ref) -> None:
+        """The state `state` of `owner` holds an array of `tensor` (see `put`)."""
+        held = self._holders.get(tensor)
+        if held is None:
+            held = self._holders[tensor] = {}
+        held[id(state)] = (owner, state)
 
     def put_output(self, tensor: torch.Tensor, device_key: Any, array) -> None:
         """`put`, findable by the tensor's memory too (a graph output autograd passes on)."""
@@ -224,6 +243,7 @@ class Mirrors:
         self._copies.clear()
         self._by_memory.clear()
         self._memory_devices.clear()
+        self._holders.clear()
 
 
 def _memory(tensor: torch.Tensor, device_key: Any) -> tuple:
@@ -263,14 +283,17 @@ mirrors = Mirrors()
 
 class Watched:
     """State made from some tensors (their device arrays, what was computed from them), which its
-    owner drops when one of them dies: an identity or a storage could then be reused by another
-    tensor, which must never read it. `owner.drop_state(state)`; keeps neither alive."""
+    owner drops when one of them dies (an identity or a storage could then be reused by another
+    tensor, which must never read it) or gets a new device copy (Mirrors.put: the old arrays
+    are not kept alive). `owner.drop_state(state)`; keeps neither alive."""
 
     _finalizers: tuple | list = ()
 
     def watch(self, tensors: Sequence[torch.Tensor], owner: Any) -> None:
         refs = weakref.ref(owner), weakref.ref(self)
         self._finalizers = [weakref.finalize(t, _drop, *refs) for t in tensors]
+        for tensor in tensors:
+            mirrors.hold(tensor, *refs)
 
     def watched(self) -> list[torch.Tensor | None]:
         """The tensors watched, in order (None for one that died)."""

@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 
-from tpu_inductor.runtime import residency
+from tpu_inductor.runtime import devices, residency
 from tpu_inductor.runtime.host_sync import host_sync
 from tpu_inductor.sharding import placement as mesh_placement
 
@@ -60,10 +60,14 @@ class Transfer:
             if tensor.device_key == self.key and sharding is None:
                 return tensor.array
             tensor = tensor.host()
-        elif host_sync.pending and sharding is None:  # values this device holds (host_sync)
-            stale = host_sync.array(tensor, self.key)
+        elif host_sync.pending:  # values the devices hold (host_sync)
+            stale = host_sync.array(tensor)
             if stale is not None:
-                return stale
+                array, where = stale
+                if where == self.key:
+                    return self.resharded(array, sharding)
+                devices.stats["device_moves"] += 1
+                return self.moved(array, sharding)
         if tensor.requires_grad:  # (dlpack exports no tensor that requires grad)
             tensor = tensor.detach()
         if tensor.is_conj() or tensor.is_neg():  # lazy bits dlpack would drop: apply them
@@ -100,6 +104,28 @@ class Transfer:
                 return jax.device_put(array, self.device, may_alias=False)
             return jax.device_put(array, sharding or self.device)
 
+    def resharded(self, array, sharding):
+        """`array` (on this device or mesh) split by `sharding`: moved between the mesh's
+        devices where it is split otherwise (no host crossing); as it is on one device."""
+        if sharding is None or array.sharding is sharding:
+            return array
+        if array.sharding.is_equivalent_to(sharding, array.ndim):
+            return array
+        devices.stats["mesh_reshards"] += 1
+        return self.moved(array, sharding)
+
+    def moved(self, array, sharding=None):
+        """`array`, on other devices, moved to this device or mesh (split by `sharding`): a
+        device-to-device copy, never through the host's torch memory. An array split over
+        several processes' devices moves by a program each runs (a copy under jit: the
+        partitioner's collectives), which `device_put` cannot."""
+        import jax
+
+        with mesh_placement.exact_dtypes():
+            if not array.is_fully_addressable:
+                return jax.jit(_same, out_shardings=sharding)(array)
+            return jax.device_put(array, sharding or self.device)
+
     def argument(self, tensor: torch.Tensor):
         """`to_device` for jax's C++ fast path (execution.py): a plain contiguous host tensor
         of a dtype numpy has, 32 bits or less, goes as a numpy view, which jax's C++ sends to
@@ -130,6 +156,10 @@ class Transfer:
         return torch.from_dlpack(array)
 
 
+def _same(array):
+    return array
+
+
 def _keeping_width(itemsize: int):
     """A scope in which jax keeps 64-bit values 64-bit where they are (the public dlpack import
     and `device_put` narrow them without x64: an int64 token id became int32, which the module,
@@ -149,12 +179,19 @@ def _numpy_copy(tensor: torch.Tensor):
 
 
 def _host_tensor(array) -> torch.Tensor:
-    """Copy a device array to a CPU torch tensor (bfloat16 through its bits).
+    """Copy a device array to a CPU torch tensor (bfloat16 through its bits; one split over
+    several processes gathered by all of them).
 
     jax's host copy is read-only and jax's own: the tensor gets a writable copy of it.
     """
     import numpy as np
 
+    if not array.is_fully_addressable and not array.is_fully_replicated:
+        # split over several processes' devices: every process gathers the whole (a collective
+        # each runs, as it runs the graphs)
+        from jax.experimental import multihost_utils
+
+        array = multihost_utils.process_allgather(array, tiled=True)
     host = np.array(array, copy=True, order="C")
     if host.dtype.name == "bfloat16":
         return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)

@@ -1,0 +1,81 @@
+"""State that lives on the devices only: a model placed on a mesh keeps no host copy.
+
+`tpu_inductor.shard(model, mesh, plan)` records each tensor's placement (sharding/shard.py) and
+then moves the model's parameters (and the buffers the plan placed) to the mesh, split as
+placed (a parameter the plan leaves out: whole on every device, placed so). Each host tensor is then
+left stale with its memory given back to the system (host_sync.py): the device arrays are its
+only copy, every compiled graph over the mesh takes them as they are (residency.mirrors), and
+the graphs that write it or return its gradient leave the new values there too (compile_fx's
+`_wrap`). Eager code that reads such a tensor gets the error that names `tpu_inductor.sync`,
+which brings the values home (gathered from the shards).
+
+So a process holds its shards, not the model: on a TPU pod the model is bounded by the pod's
+memory, not one host's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tpu_inductor.runtime import devices, residency, transfer
+from tpu_inductor.runtime.host_sync import PLACED, host_sync
+from tpu_inductor.sharding import shard as placements
+from tpu_inductor.sharding.mesh import Mesh
+
+# Whether a model was placed on a mesh in this process: graphs over a mesh then leave the state
+# they write and the gradients they return on the devices (compile_fx).
+_placed = [False]
+
+
+def placed() -> bool:
+    """Whether state lives on a mesh in this process (`shard` placed a model)."""
+    return _placed[0]
+
+
+def shard(model: torch.nn.Module, mesh: Mesh, plan) -> torch.nn.Module:
+    """Place `model`'s parameters and buffers on `mesh` by `plan` (sharding.shard.shard: its
+    checks and errors), then move them there: the parameters and placed buffers hold no host
+    memory afterwards. Returns `model`."""
+    placements.shard(model, mesh, plan)
+    device = devices.mesh_device(devices.select_device().platform, mesh.axes)
+    moves = transfer.Transfer(device)
+    for tensor in (*model.parameters(), *model.buffers()):
+        given = placements.placement(tensor)
+        if given is None and not isinstance(tensor, torch.nn.Parameter):
+            continue  # an unplaced buffer (rotary tables, counters): eager code reads those
+        if given is None:  # whole on every device: every graph that reads it runs on the mesh
+            placements.mark_sharding(tensor, mesh, ())
+        spec = given.spec if given is not None else ()
+        put(tensor, moves.to_device(tensor.detach(), sharding(device, spec)), device, moves)
+    _placed[0] = True
+    return model
+
+
+def put(tensor: torch.Tensor, array, device: devices.Device, moves: transfer.Transfer) -> bool:
+    """`array` holds `tensor`'s values on `device` from now on: the host tensor keeps no
+    memory (False, and nothing done, for one that is not its whole storage or is a counter:
+    host_sync.defer)."""
+    if not host_sync.defer(tensor, array, device.key, moves.to_torch, PLACED):
+        return False
+    residency.mirrors.put(tensor, device.key, array)
+    return True
+
+
+def sharding(device: devices.Device, spec) -> Any:
+    """The jax sharding that splits a tensor by `spec` over `device`'s mesh."""
+    import numpy as np
+    from jax.sharding import Mesh as JaxMesh
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    names = tuple(name for name, _ in device.axes)
+    grid = np.array(device.mesh, dtype=object).reshape([size for _, size in device.axes])
+    return NamedSharding(JaxMesh(grid, names), PartitionSpec(*spec))
+
+
+def device_array(tensor: torch.Tensor) -> Any | None:
+    """The device array holding `tensor`'s current values where its host copy is stale, else
+    None (its host memory is current)."""
+    entry = host_sync.pending.get(tensor.untyped_storage()._cdata)
+    return None if entry is None else entry.array
