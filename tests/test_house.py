@@ -28,7 +28,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "lowering passes",
         "debug sharding",
         "runtime",
-        "cache",
+        "cache state",
         "partition decompositions",
         "compile_fx",
         "aot backend bench cli __init__",

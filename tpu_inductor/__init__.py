@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 # Sharding's user API (tpu_inductor.sharding.shard), imported when first used; `shard` also
-# moves the model onto the mesh's devices (runtime.device_state).
+# moves the model onto the mesh's devices (state.device_state).
 _SHARDING = ("Mesh", "shard_optimizer_state", "mark_sharding")
 
 
@@ -37,7 +37,7 @@ def __getattr__(name: str):
     if name in _SHARDING:
         return getattr(importlib.import_module(".sharding.shard", __name__), name)
     if name == "shard":
-        return importlib.import_module(".runtime.device_state", __name__).shard
+        return importlib.import_module(".state.device_state", __name__).shard
     if name == "sharding_plans":
         return importlib.import_module(".sharding.plans", __name__)
     if name == "distributed":  # tpu_inductor.distributed.initialize(...): several hosts

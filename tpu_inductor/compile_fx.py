@@ -38,7 +38,6 @@ from tpu_inductor.passes.context import PassContext
 from tpu_inductor.runtime import (
     buckets,
     compiled_graph,
-    device_state,
     devices,
     eager_graph,
     hoisted,
@@ -46,6 +45,7 @@ from tpu_inductor.runtime import (
 )
 from tpu_inductor.sharding import collectives
 from tpu_inductor.sharding import shard as sharding
+from tpu_inductor.state import device_state
 
 log = logging.getLogger(__name__)
 _LOWERING = threading.RLock()
@@ -398,7 +398,7 @@ def _wrap(found, graph_key, compile_key, device, options: Options, static_inputs
     mutated = tuple(position for position, _ in lowered.mutations)
     static = tuple(dict.fromkeys((*static_inputs, *mutated))) if options.resident_params else ()
     if device.mesh and not roles.defer_host and device_state.placed() and _can_defer():
-        # A model placed on a mesh lives on its devices (runtime/device_state.py): the state
+        # A model placed on a mesh lives on its devices (state/device_state.py): the state
         # written and the gradients returned there stay there, whatever host_sync says.
         roles = dataclasses.replace(roles, defer_host=True)
     compiled = compiled_graph.CompiledGraph(executable, lowered, device, static, graph_key, roles)

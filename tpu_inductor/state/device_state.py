@@ -3,7 +3,7 @@
 `tpu_inductor.shard(model, mesh, plan)` records each tensor's placement (sharding/shard.py) and
 then moves the model's parameters (and the buffers the plan placed) to the mesh, split as
 placed (a parameter the plan leaves out: whole on every device, placed so). Each host tensor is then
-left stale with its memory given back to the system (host_sync.py): the device arrays are its
+left stale with its memory given back to the system (runtime/host_sync.py): the device arrays are its
 only copy, every compiled graph over the mesh takes them as they are (residency.mirrors), and
 the graphs that write it or return its gradient leave the new values there too (compile_fx's
 `_wrap`). Eager code that reads such a tensor gets the error that names `tpu_inductor.sync`,
