@@ -12,6 +12,7 @@ __all__ = [
     "__version__",
     "compiles",
     "mark_sharding",
+    "materialize",
     "memory",
     "no_compiles",
     "precompile",
@@ -38,6 +39,8 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(".sharding.shard", __name__), name)
     if name == "shard":
         return importlib.import_module(".state.device_state", __name__).shard
+    if name == "materialize":  # a model built on meta, made on the mesh (state.materialize)
+        return importlib.import_module(".state.materialize", __name__).materialize
     if name == "sharding_plans":
         return importlib.import_module(".sharding.plans", __name__)
     if name == "distributed":  # tpu_inductor.distributed.initialize(...): several hosts
