@@ -172,6 +172,8 @@ class CompiledGraph:
 
     def __call__(self, args: list) -> list:
         plan = self.plan
+        if host_sync.gradients or residency.mirrors.by_memory:  # dead gradients freed first
+            residency.drop_dead()
         if plan.resident:
             arrays = list(self._resident_arguments(args))
         else:
@@ -194,8 +196,6 @@ class CompiledGraph:
                 distributed.agree("the random seed of a graph's first call", str(seed.tolist()))
                 self._seed_agreed = True
             arrays.insert(0, to_device(seed, shardings[-1]))
-        if plan.stale and host_sync.pending:  # the gradients zero_grad dropped: freed first
-            host_sync.prune()
         if self._multiprocess:
             distributed.execution_started()
         results = self._execute(arrays, args)

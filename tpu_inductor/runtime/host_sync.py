@@ -138,6 +138,9 @@ class HostSync:
 
     def __init__(self):
         self.pending: dict[int, _Pending] = {}
+        # The gradients left stale (a subset of `pending`): each compiled call drops those that
+        # died (zero_grad) first (`prune_gradients`), so none is held through the next step.
+        self.gradients: dict[int, _Pending] = {}
         self._live_after_prune = 0
         self._marks: tuple[Callable, Callable] | None = None
         self._lock = threading.Lock()
@@ -196,6 +199,8 @@ class HostSync:
             what == GRADIENT,
             nbytes,
         )
+        if what == GRADIENT:
+            self.gradients[key] = self.pending[key]
         if len(self.pending) > 2 * self._live_after_prune + 64:
             self.prune()
         return True
@@ -259,6 +264,7 @@ class HostSync:
                         f"({entry.shape}, {entry.dtype}) stays unreadable. Load a checkpoint."
                     )
                 del self.pending[key]
+                self.gradients.pop(key, None)
                 if storage is None:
                     continue
                 clear(key)
@@ -269,8 +275,17 @@ class HostSync:
                 ledger.add([((ledger.DEVICE_TO_HOST, "synced"), copied)])
             return copied
 
+    def prune_gradients(self) -> None:
+        """Drop the entries of gradients that died (their device arrays with them)."""
+        dead = [key for key, entry in self.gradients.items() if entry.storage.expired()]
+        for key in dead:
+            entry = self.gradients.pop(key)
+            if self.pending.get(key) is entry:
+                del self.pending[key]
+
     def prune(self) -> None:
         """Drop the entries of storages that died (their device arrays with them)."""
+        self.gradients = {k: e for k, e in self.gradients.items() if not e.storage.expired()}
         self.pending = {k: e for k, e in self.pending.items() if not e.storage.expired()}
         self._live_after_prune = len(self.pending)
 

@@ -280,6 +280,7 @@ def _host_held(roles: _Roles, device_tensors: list, tensors: dict, addresses: se
 def memory() -> dict:
     """The memory ledger now (see the module's text): {"devices": {device: {kind: bytes,
     "total"}}, "executables": [...], "peak": {device: bytes}, "host_held": {...}}."""
+    residency.drop_dead()  # (gradients zero_grad dropped: not held, so not counted)
     roles, device_tensors = _walk()
     pairs = list(_reached(roles, device_tensors))
     devices, addresses = _device_bytes(pairs, roles)

@@ -219,11 +219,20 @@ class Mirrors:
         from torch.multiprocessing.reductions import StorageWeakRef
 
         self.put(tensor, device_key, array)
-        if len(self._by_memory) > 4 * len(self._copies) + 64:  # drop the dead ones
-            self._by_memory = {k: e for k, e in self._by_memory.items() if not e[3].expired()}
+        if len(self._by_memory) > 4 * len(self._copies) + 64:
+            self.drop_dead()
         weak = StorageWeakRef(tensor.untyped_storage())
         self._memory_devices.add(device_key)
         self._by_memory[_memory(tensor, device_key)] = (device_key, stamp(tensor), array, weak)
+
+    @property
+    def by_memory(self) -> bool:
+        """Whether some copies are found by memory (a backward's outputs: gradients)."""
+        return bool(self._by_memory)
+
+    def drop_dead(self) -> None:
+        """Drop the copies found by memory whose storage died (a gradient zero_grad dropped)."""
+        self._by_memory = {k: e for k, e in self._by_memory.items() if not e[3].expired()}
 
     def discard(self, tensor: torch.Tensor) -> None:
         """Forget `tensor`'s device copy (its memory is freed unless a graph holds it)."""
@@ -255,6 +264,16 @@ def _memory(tensor: torch.Tensor, device_key: Any) -> tuple:
         tensor.stride(),
         tensor.dtype,
     )
+
+
+def drop_dead() -> None:
+    """Free the device arrays of gradients that died since (zero_grad): the stale storages'
+    (host_sync) and the copies found by memory. Each compiled call runs it first while there
+    are any, so a step's dead gradients are not held through the next one."""
+    if host_sync.gradients:
+        host_sync.prune_gradients()
+    if mirrors.by_memory:
+        mirrors.drop_dead()
 
 
 def stamps(tensors: Sequence[torch.Tensor]) -> list[tuple[int, int, int]]:
