@@ -150,24 +150,34 @@ if sys.argv[1] == "materialize":
     with torch.device("meta"):
         model = build()
     tpu_inductor.materialize(model, mesh, plan)
+    host = None
 else:
     model = build()
+    host = status("VmRSS:") - before  # the whole model on the host, before any shard exists
     tpu_inductor.shard(model, mesh, plan)
 parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-print(json.dumps({"growth": status("VmHWM:") - before, "parameter_bytes": parameter_bytes}))
+growth = status("VmHWM:") - before
+print(json.dumps({"growth": growth, "host": host, "parameter_bytes": parameter_bytes}))
 """
 
 
 def test_materializing_holds_one_layer_on_the_host_beyond_the_shards():
     """On the CPU the devices' shards are host memory too, so the bound is the parameters (the
-    shards) plus one layer being initialized and a little overhead; an eager build and `shard`
-    holds the whole model twice at its peak (the host copy and the shards)."""
+    shards) plus one layer being initialized (and its shards' copies on their way) and a little
+    overhead. An eager build holds the whole model on the host before `shard` moves it (tensor
+    by tensor, each host copy released as its shards land: its peak is not twice the model
+    either), which on an accelerator is host memory materializing never needs."""
     built = _run(_PEAK, "materialize")
     eager = _run(_PEAK, "eager")
     total, layer = built["parameter_bytes"], 2048 * 2049 * 4
-    figures = {k: f"{v['growth'] / 2**20:.0f} MiB" for k, v in (("built", built), ("eager", eager))}
-    assert built["growth"] <= total + 2 * layer + 32 * 2**20, (figures, total / 2**20)
-    assert eager["growth"] >= 1.7 * total, (figures, total / 2**20)
+    figures = {
+        "parameters": total / 2**20,
+        "materialize peak growth": built["growth"] / 2**20,
+        "eager build": eager["host"] / 2**20,
+        "eager build + shard peak growth": eager["growth"] / 2**20,
+    }
+    assert built["growth"] <= total + 2 * layer + 32 * 2**20, figures
+    assert eager["host"] >= 0.95 * total, figures
 
 
 # Errors: nothing is placed or moved before them (each model's first module raises).
