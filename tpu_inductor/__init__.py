@@ -11,6 +11,7 @@ __all__ = [
     "Mesh",
     "__version__",
     "compiles",
+    "load_checkpoint",
     "mark_sharding",
     "materialize",
     "memory",
@@ -19,6 +20,7 @@ __all__ = [
     "register_lowering",
     "reset_memory_peak",
     "reset_transfers",
+    "save_checkpoint",
     "save_plans",
     "shard",
     "shard_optimizer_state",
@@ -41,6 +43,8 @@ def __getattr__(name: str):
         return importlib.import_module(".state.device_state", __name__).shard
     if name == "materialize":  # a model built on meta, made on the mesh (state.materialize)
         return importlib.import_module(".state.materialize", __name__).materialize
+    if name in ("save_checkpoint", "load_checkpoint"):  # sharded, without gathering
+        return getattr(importlib.import_module(".state.checkpoint", __name__), name)
     if name == "sharding_plans":
         return importlib.import_module(".sharding.plans", __name__)
     if name == "distributed":  # tpu_inductor.distributed.initialize(...): several hosts
