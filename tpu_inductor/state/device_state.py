@@ -39,18 +39,33 @@ def shard(model: torch.nn.Module, mesh: Mesh, plan) -> torch.nn.Module:
     checks and errors), then move them there: the parameters and placed buffers hold no host
     memory afterwards. Returns `model`."""
     placements.shard(model, mesh, plan)
-    device = devices.mesh_device(devices.select_device().platform, mesh.axes)
+    device = mesh_device(mesh)
     moves = transfer.Transfer(device)
-    for tensor in (*model.parameters(), *model.buffers()):
-        given = placements.placement(tensor)
-        if given is None and not isinstance(tensor, torch.nn.Parameter):
-            continue  # an unplaced buffer (rotary tables, counters): eager code reads those
-        if given is None:  # whole on every device: every graph that reads it runs on the mesh
-            placements.mark_sharding(tensor, mesh, ())
-        spec = given.spec if given is not None else ()
-        put(tensor, moves.to_device(tensor.detach(), sharding(device, spec)), device, moves)
-    _placed[0] = True
+    for tensor in model.parameters():
+        place(tensor, True, mesh, device, moves)
+    for tensor in model.buffers():
+        place(tensor, False, mesh, device, moves)
     return model
+
+
+def mesh_device(mesh: Mesh) -> devices.Device:
+    """The devices of `mesh` on the best platform here (the one compiled graphs run on)."""
+    return devices.mesh_device(devices.select_device().platform, mesh.axes)
+
+
+def place(tensor: torch.Tensor, parameter: bool, mesh: Mesh, device, moves) -> None:
+    """Move `tensor` onto `mesh` (`device`, its runtime Device; `moves`, its Transfer) as
+    placed; an unplaced parameter whole on every device (and placed so: every graph that reads
+    it then runs on the mesh); an unplaced buffer stays on the host (rotary tables, counters:
+    eager code reads those)."""
+    given = placements.placement(tensor)
+    if given is None and not parameter:
+        return
+    if given is None:
+        placements.mark_sharding(tensor, mesh, ())
+    spec = given.spec if given is not None else ()
+    put(tensor, moves.to_device(tensor.detach(), sharding(device, spec)), device, moves)
+    _placed[0] = True
 
 
 def put(tensor: torch.Tensor, array, device: devices.Device, moves: transfer.Transfer) -> bool:

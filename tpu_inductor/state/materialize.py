@@ -34,7 +34,7 @@ from collections.abc import Iterator
 import torch
 
 from tpu_inductor.exc import OptionError
-from tpu_inductor.runtime import devices, transfer
+from tpu_inductor.runtime import transfer
 from tpu_inductor.sharding import shard as placements
 from tpu_inductor.sharding.mesh import Mesh
 from tpu_inductor.state import device_state
@@ -51,7 +51,7 @@ def materialize(model: torch.nn.Module, mesh: Mesh, plan) -> torch.nn.Module:
             'it under `with torch.device("meta"):` to materialize it on the mesh.'
         )
     placements.shard(model, mesh, plan)
-    device = devices.mesh_device(devices.select_device().platform, mesh.axes)
+    device = device_state.mesh_device(mesh)
     moves = transfer.Transfer(device)
     owners = _hf_owners(model)
     made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(meta) -> (meta, its tensor)
@@ -63,7 +63,7 @@ def materialize(model: torch.nn.Module, mesh: Mesh, plan) -> torch.nn.Module:
             table[key] = shared
         for key, tensor in _own_tensors(module):
             if not tensor.is_meta and device_state.device_array(tensor) is None:
-                _move(tensor, key in module._parameters, mesh, device, moves)
+                device_state.place(tensor, key in module._parameters, mesh, device, moves)
     return model
 
 
@@ -133,20 +133,6 @@ def _initialize(name: str, module: torch.nn.Module, owner, fresh: list) -> None:
             f"{', '.join(unwritten)} unwritten (NaN). Fill them in its reset_parameters()"
             + (f" or in {type(owner).__name__}._init_weights." if owner is not None else ".")
         )
-
-
-def _move(tensor: torch.Tensor, parameter: bool, mesh: Mesh, device, moves) -> None:
-    """Move `tensor` to the mesh as device_state.shard does: placed as recorded, an unplaced
-    parameter whole on every device; an unplaced buffer stays on the host."""
-    given = placements.placement(tensor)
-    if given is None and not parameter:
-        return
-    if given is None:
-        placements.mark_sharding(tensor, mesh, ())
-    spec = given.spec if given is not None else ()
-    device_state._placed[0] = True  # (shard's flag: graphs over the mesh leave state there)
-    array = moves.to_device(tensor.detach(), device_state.sharding(device, spec))
-    device_state.put(tensor, array, device, moves)
 
 
 def _hf_owners(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
