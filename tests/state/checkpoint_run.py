@@ -3,15 +3,16 @@ starts): `python -m tests.state.checkpoint_run MODE DIR [--process I --port P]`.
 
 `save`: an MLP with FSDP over 8 devices, two compiled AdamW steps, an asynchronous save to
 DIR/checkpoint with a third step run before it is waited for; writes DIR/saved.pt (the values
-at the save, read from the device arrays the save was handed), DIR/after.pt (the third step's
-loss and every tensor after it). With --process (two processes, 4 devices each) it saves to
-DIR/checkpoint2 and writes nothing else.
-`load CASE...`: for each case a fresh model of other random values and a fresh AdamW, loaded from
-DIR/checkpoint (DIR/checkpoint2 with --from2): `same` (FSDP over 8 devices), `mesh42` ({"data": 4,
-"model": 2} under a plan by names), `one` (one device, nothing placed); prints per case, as JSON,
-the tensors that stayed on the devices after the load, the largest difference from DIR/saved.pt
-(and whether all are bitwise equal), then the third step's loss and every tensor after it against
-DIR/after.pt. With --process: case `same` over two processes' 8 devices.
+at the save, copied from the device arrays the save is handed), DIR/after.pt (the third step's
+loss and every tensor after it). With --process (two processes, 4 devices each): the same to
+DIR/checkpoint2, DIR/saved2.pt and DIR/after2.pt.
+`load CASE...`: for each case a fresh model of other random values and a fresh AdamW, loaded
+from DIR/checkpoint (from DIR/checkpoint2 with --from2, compared with saved2.pt and after2.pt):
+`same` (FSDP over 8 devices), `mesh42` ({"data": 4, "model": 2} under a plan by names), `one`
+(one device, nothing placed); prints per case, as JSON, the tensors that stayed on the devices
+after the load, the largest difference from DIR/saved.pt (and whether all are bitwise equal),
+then the third step's loss and every tensor after it against DIR/after.pt. With --process:
+case `same` over two processes' 8 devices.
 `rss`: a model of 64 MiB on 8 devices, saved synchronously and then asynchronously; prints the
 resident memory's growth at the peak during each save, after it and after the heap's free
 memory is given back (malloc_trim), as fractions of the state's bytes, and the times.
@@ -90,12 +91,16 @@ class Run:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every parameter and AdamW state tensor, by name (brought home first)."""
-        tpu_inductor.sync(self.model, self.optimizer)
-        found = {f"model/{n}": t.detach().clone() for n, t in self.model.state_dict().items()}
+        found = {f"model/{n}": t for n, t in self.model.state_dict(keep_vars=True).items()}
         for name, parameter in self.model.named_parameters():
             for key, value in self.optimizer.state.get(parameter, {}).items():
-                found[f"optimizer/{name}/{key}"] = value.detach().clone()
-        return found
+                found[f"optimizer/{name}/{key}"] = value
+        # One at a time, in the order of the names: a sync gathers a tensor split over two
+        # processes with a collective each runs, and sync(model, optimizer) takes them in the
+        # order of their storages' addresses, which differs between processes.
+        for tensor in found.values():
+            tpu_inductor.sync(tensor)
+        return {name: tensor.detach().clone() for name, tensor in found.items()}
 
     def on_devices(self) -> int:
         """How many of the tensors hold their values on the devices only."""
@@ -115,23 +120,24 @@ def _compare(found: dict, expected: dict) -> dict:
 
 
 def save(folder: str, process: int | None) -> None:
+    suffix = "" if process is None else "2"  # saved by two processes
     run = Run("same", seed=0)
     run.step(1)
     run.step(2)
-    held = _held(run)
-    path = os.path.join(folder, "checkpoint2" if process is not None else "checkpoint")
+    # The values at the save, copied home now: the next compiled step deletes the arrays it
+    # replaces (a save must have copied them off the devices before it returns).
+    saved = {name: _host(value) for name, value in _held(run).items()}
+    path = os.path.join(folder, f"checkpoint{suffix}")
     start = time.perf_counter()
     handle = tpu_inductor.save_checkpoint(path, run.model, run.optimizer)
     returned = time.perf_counter() - start
     loss = run.step(3)  # before the save is waited for: it must not change what is written
     handle.wait()
-    if process is not None:
-        print(json.dumps({"process": process, "saved": path}), flush=True)
-        return
-    saved = {name: _host(value) for name, value in held.items()}
-    torch.save(saved, os.path.join(folder, "saved.pt"))
-    torch.save({"loss": loss, "tensors": run.tensors()}, os.path.join(folder, "after.pt"))
-    print(json.dumps({"saved": path, "save_returned_s": returned}), flush=True)
+    after = {"loss": loss, "tensors": run.tensors()}
+    if process in (None, 0):
+        torch.save(saved, os.path.join(folder, f"saved{suffix}.pt"))
+        torch.save(after, os.path.join(folder, f"after{suffix}.pt"))
+    print(json.dumps({"process": process, "saved": path, "returned_s": returned}), flush=True)
 
 
 def _held(run: Run) -> dict:
@@ -149,19 +155,24 @@ def _held(run: Run) -> dict:
 
 
 def _host(value) -> torch.Tensor:
+    """A held value on the host (one split over two processes gathered by both)."""
     if isinstance(value, torch.Tensor):
         return value
     import numpy as np
+    from jax.experimental import multihost_utils
 
+    if not value.is_fully_addressable:
+        value = multihost_utils.process_allgather(value, tiled=True)
     return torch.from_numpy(np.array(value))
 
 
-def load(folder: str, cases: list[str], checkpoint: str, process: int | None) -> None:
-    saved = torch.load(os.path.join(folder, "saved.pt"))
-    after = torch.load(os.path.join(folder, "after.pt"))
+def load(folder: str, cases: list[str], suffix: str, process: int | None) -> None:
+    saved = torch.load(os.path.join(folder, f"saved{suffix}.pt"))
+    after = torch.load(os.path.join(folder, f"after{suffix}.pt"))
     for case in cases:
         run = Run(case, seed=1)
-        tpu_inductor.load_checkpoint(os.path.join(folder, checkpoint), run.model, run.optimizer)
+        path = os.path.join(folder, f"checkpoint{suffix}")
+        tpu_inductor.load_checkpoint(path, run.model, run.optimizer)
         row = {"case": case, "process": process, "on_devices": run.on_devices()}
         row["restored"] = _compare(run.tensors(), saved)
         row["loss"], row["expected_loss"] = run.step(3), after["loss"]
@@ -244,8 +255,7 @@ def main(argv=None) -> int:
     if args.mode == "save":
         save(args.folder, args.process)
     elif args.mode == "load":
-        checkpoint = "checkpoint2" if args.from2 else "checkpoint"
-        load(args.folder, args.cases, checkpoint, args.process)
+        load(args.folder, args.cases, "2" if args.from2 else "", args.process)
     else:
         rss(args.folder)
     return 0

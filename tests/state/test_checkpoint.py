@@ -72,9 +72,10 @@ def saved(tmp_path_factory) -> str:
 
 def _check(row: dict) -> None:
     assert row["restored"]["bitwise"], row  # every parameter and AdamW state, as saved
-    # The third step after the restore is the uninterrupted run's third step. Measured
-    # 2026-12-07: bitwise on every placement here (XLA:CPU reduces these sizes alike).
-    assert row["loss"] == row["expected_loss"], row
+    # The third step after the restore is the uninterrupted run's third step: bitwise in one
+    # process on every placement here (test below); over two processes gloo's all-reduces
+    # sum in another order (measured 2026-12-07: the loss 1 ulp off).
+    assert abs(row["loss"] - row["expected_loss"]) <= 1e-6 * row["expected_loss"], row
     assert row["stepped"]["max_diff"] <= 1e-6, row
 
 
@@ -86,7 +87,8 @@ def test_restored_bitwise_onto_the_same_mesh_another_mesh_and_one_device(saved):
     # step counts are host tensors); on one device, nothing is placed.
     assert rows["same"]["on_devices"] == rows["mesh42"]["on_devices"] == 24
     assert rows["one"]["on_devices"] == 0
-    assert rows["same"]["stepped"]["bitwise"], rows["same"]
+    for row in rows.values():
+        assert row["loss"] == row["expected_loss"] and row["stepped"]["bitwise"], row
 
 
 def test_saved_by_one_process_restored_by_two(saved):
@@ -109,9 +111,10 @@ def test_a_save_holds_one_host_copy_of_the_shards_at_most_and_frees_it(tmp_path)
         # orbax copies every shard this process holds to the host before it returns (what
         # makes an asynchronous save safe from the next step) and writes from those copies:
         # one host copy at the peak, none after. Measured 2026-12-07, 64 MiB over 8 CPU
-        # devices: peak 0.94x (sync) and 0.87x (async), 0.09x after the heap is trimmed.
+        # devices: peak 0.7-0.94x (sync) and 0.7-0.87x (async), 0.09-0.15x after the heap is
+        # trimmed (orbax's and tensorstore's own).
         assert row[mode]["peak_growth"] <= 1.15, row
-        assert row[mode]["growth_after_trim"] <= 0.15, row
+        assert row[mode]["growth_after_trim"] <= 0.3, row
 
 
 def _mlp(seed: int = 0, hidden: int = 8) -> torch.nn.Module:
@@ -145,12 +148,12 @@ def test_typed_errors_name_the_tensor_and_what_to_do(tmp_path):
         with pytest.raises(CheckpointError, match="holds .*wait\\(\\) returned"):
             tpu_inductor.load_checkpoint(path, model)
     bigger = torch.nn.Sequential(*_mlp(), torch.nn.Linear(2, 2))
-    with pytest.raises(CheckpointError, match=r"lacks: \['2.bias', '2.weight'\]"):
+    with pytest.raises(CheckpointError, match=r"lacks 2 of its tensors \[.2.bias., .2.weight.\]"):
         tpu_inductor.load_checkpoint(tmp_path / "c", bigger)
     with pytest.raises(CheckpointError, match=r"0.weight is \(16, 4\) torch.float32 here and "):
         tpu_inductor.load_checkpoint(tmp_path / "c", _mlp(hidden=16))
     with pytest.raises(CheckpointError, match=r"0.weight is \(8, 4\) torch.float64 here"):
         tpu_inductor.load_checkpoint(tmp_path / "c", _mlp().double())
     optimizer = torch.optim.AdamW(model.parameters())
-    with pytest.raises(CheckpointError, match="holds no optimizer state"):
+    with pytest.raises(CheckpointError, match="holds no optimizer"):
         tpu_inductor.load_checkpoint(tmp_path / "c", model, optimizer)

@@ -10,7 +10,8 @@ gradients on the devices only (state/device_state.py): gathering them to one hos
 `torch.save` would need the whole model in one host's memory. Here nothing is gathered: a
 device-only tensor is saved from its sharded jax array, each process writing the shards its
 devices hold; a host tensor (an unplaced buffer, AdamW's one-element `step`) as it is, copied
-at the call. A load restores each placed tensor straight into the sharding the model has now
+at the call (orbax copies the shards to host memory before it returns and writes from
+those copies: a save holds one host copy of this process's state until written). A load restores each placed tensor straight into the sharding the model has now
 (another mesh, another plan, another process count than the save's) and makes that array its
 only copy (`device_state.put`); an unplaced tensor is read to the host and copied in.
 
@@ -29,7 +30,6 @@ Layout: an orbax composite checkpoint of three items: `model` (state_dict names 
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import torch
 
@@ -63,29 +63,24 @@ class SaveHandle:
 
 
 def save_checkpoint(path, model=None, optimizer=None, *, asynchronous: bool = True) -> SaveHandle:
-    """Save `model`'s state_dict tensors and `optimizer`'s state (named by the model's parameter
-    names; by "group.position" without a model) to the new directory `path`, without gathering:
-    device-only tensors from their shards, each process writing its own. Every process of a job
-    calls it. `asynchronous`: returns once the values are copied off the devices, the files are
-    written in the background; call `.wait()` on the handle before the process ends (and before
-    reading the checkpoint). Eager code may change the state right after the call."""
+    """Save `model`'s state_dict and `optimizer`'s state (by the model's parameter names, else
+    "group.position") to the new directory `path` without gathering: each process writes the
+    shards it holds (every process calls it). `asynchronous`: returns once the values are
+    copied off the devices, the files written in a thread; `.wait()` on the handle before the
+    process ends or the checkpoint is read. The next step may run right after the call."""
     import orbax.checkpoint as ocp
 
     path = os.path.abspath(os.fspath(path))
     if os.path.exists(path):
-        raise CheckpointError(
-            f"tpu_inductor.save_checkpoint: {path} exists already; save to a new directory "
-            "(e.g. one per step) or remove it first."
-        )
-    model_part, optimizer_part, names = _parts(model, optimizer)
-    items = {
-        "meta": ocp.args.JsonSave({"format": FORMAT, "param_groups": _groups(optimizer, names)})
-    }
-    if model is not None:
-        items["model"] = ocp.args.PyTreeSave({k: _saved(t) for k, t in model_part.items()})
-    if optimizer is not None:
-        saved = {k: {key: _saved(t) for key, t in s.items()} for k, s in optimizer_part.items()}
-        items["optimizer"] = ocp.args.PyTreeSave(saved)
+        where = "save to a new directory (e.g. one per step) or remove it first"
+        raise CheckpointError(f"tpu_inductor.save_checkpoint: {path} exists already; {where}.")
+    parts, names = _parts(model, optimizer)
+    meta = {"format": FORMAT, "param_groups": _groups(optimizer, names)}
+    items = {"meta": ocp.args.JsonSave(meta)}
+    for part, tensors in parts.items():
+        if tensors:  # (orbax writes no empty tree: a fresh optimizer has no state yet)
+            tree = ocp.tree.from_flat_dict({k: _saved(t) for k, t in tensors.items()}, sep="/")
+            items[part] = ocp.args.PyTreeSave(tree)
     checkpointer = ocp.AsyncCheckpointer(_handler())
     checkpointer.save(path, args=ocp.args.Composite(**items))
     handle = SaveHandle(checkpointer, path)
@@ -95,46 +90,38 @@ def save_checkpoint(path, model=None, optimizer=None, *, asynchronous: bool = Tr
 
 
 def load_checkpoint(path, model=None, optimizer=None) -> None:
-    """Restore `model` and `optimizer` in place from the checkpoint at `path`, onto where their
-    tensors live now: a placed tensor is read straight into its sharding (each process its own
-    shards) and the device array becomes its only copy; an unplaced one is copied into its host
-    memory. Optimizer state the checkpoint has and the optimizer lacks yet (a fresh AdamW) is
-    created first. Every process of a job calls it. Raises CheckpointError where the checkpoint
-    and the model differ (a name, a shape, a dtype)."""
+    """Restore `model` and `optimizer` in place from `path`, onto where their tensors live now: a
+    placed tensor read straight into its sharding (each process its shards; every process calls
+    it) becomes that array alone, an unplaced one is copied in. State a fresh optimizer lacks
+    is created first. CheckpointError where the two differ (a name, a shape, a dtype)."""
     import orbax.checkpoint as ocp
 
     path = os.path.abspath(os.fspath(path))
     checkpointer = ocp.Checkpointer(_handler())
     saved, meta = _read_metadata(checkpointer, path)
-    model_part, optimizer_part, names = _parts(model, optimizer)
-    if optimizer is not None:
-        _create_state(optimizer, names, saved.get("optimizer"), path)
-        _, optimizer_part, _ = _parts(None, optimizer, names)
-    targets = {"model": model_part if model is not None else None}
-    targets["optimizer"] = optimizer_part if optimizer is not None else None
-    items, places = {}, {}
-    for part, tensors in targets.items():
-        if tensors is None:
-            continue
-        if part not in saved:
-            raise CheckpointError(
-                f"tpu_inductor.load_checkpoint: {path} holds no {part} state (it was saved "
-                f"without one); load it with {part}=None."
-            )
-        flat = _flat(tensors)
-        _check(part, flat, _flat(saved[part]), path)
-        places[part] = {name: _target(tensor) for name, tensor in flat.items()}
-        restore = _nest({name: _restore_args(t, places[part][name]) for name, t in flat.items()})
-        items[part] = ocp.args.PyTreeRestore(
-            item=_nest(dict.fromkeys(flat, 0)), restore_args=restore
+    if optimizer is not None and not meta["param_groups"]:
+        raise CheckpointError(
+            f"tpu_inductor.load_checkpoint: {path} holds no optimizer (it was saved without "
+            "one); load it with optimizer=None."
         )
-    if not items:
-        return
-    restored = checkpointer.restore(path, args=ocp.args.Composite(**items))
+    if optimizer is not None:
+        _create_state(optimizer, _parts(model, optimizer)[1], saved.get("optimizer", {}))
+    parts, _ = _parts(model, optimizer)
+    items, targets = {}, {}
+    for part, tensors in parts.items():
+        _check(part, tensors, saved.get(part, {}), path)
+        if tensors:
+            targets[part] = {name: _target(tensor) for name, tensor in tensors.items()}
+            args = {name: restore for name, (restore, _) in targets[part].items()}
+            items[part] = ocp.args.PyTreeRestore(
+                item=ocp.tree.from_flat_dict(dict.fromkeys(tensors, 0), sep="/"),
+                restore_args=ocp.tree.from_flat_dict(args, sep="/"),
+            )
+    restored = checkpointer.restore(path, args=ocp.args.Composite(**items)) if items else {}
     for part in items:
-        values = _flat(restored[part])
-        for name, tensor in _flat(targets[part]).items():
-            _assign(tensor, values[name], places[part][name])
+        values = ocp.tree.to_flat_dict(restored[part], sep="/")
+        for name, tensor in parts[part].items():
+            _assign(tensor, values[name], targets[part][name][1])
     if optimizer is not None:
         _set_groups(optimizer, meta["param_groups"], path)
 
@@ -143,122 +130,93 @@ def _handler():
     """The handler of our three items (named, so a new process reads their metadata)."""
     import orbax.checkpoint as ocp
 
-    tree = ocp.PyTreeCheckpointHandler
-    return ocp.CompositeCheckpointHandler(
-        model=tree(), optimizer=tree(), meta=ocp.JsonCheckpointHandler()
-    )
+    trees = {part: ocp.PyTreeCheckpointHandler() for part in ("model", "optimizer")}
+    return ocp.CompositeCheckpointHandler(**trees, meta=ocp.JsonCheckpointHandler())
 
 
-def _parts(model, optimizer, names: dict | None = None):
-    """({state_dict name: tensor}, {parameter name: {state key: tensor}}, {id(parameter): name})."""
-    model_part = dict(model.state_dict(keep_vars=True)) if model is not None else {}
-    if names is None:
-        names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
-    optimizer_part = {}
-    for g, group in enumerate(optimizer.param_groups if optimizer is not None else ()):
-        for i, parameter in enumerate(group["params"]):
-            name = names.setdefault(id(parameter), f"{g}.{i}")
-            state = optimizer.state.get(parameter, {})
-            optimizer_part[name] = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
-    return model_part, {k: v for k, v in optimizer_part.items() if v}, names
+def _parts(model, optimizer) -> tuple[dict[str, dict[str, torch.Tensor]], dict[int, str]]:
+    """({"model": {state_dict name: tensor}, "optimizer": {"parameter/key": tensor}}, each
+    parameter's name by id); a part is absent where its object is None. Orbax's trees nest
+    at "/" (names hold dots)."""
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
+    if model is not None:
+        parts["model"] = dict(model.state_dict(keep_vars=True))
+    if optimizer is not None:
+        parts["optimizer"] = {}
+        for g, group in enumerate(optimizer.param_groups):
+            for i, parameter in enumerate(group["params"]):
+                name = names.setdefault(id(parameter), f"{g}.{i}")
+                state = optimizer.state.get(parameter, {}).items()
+                tensors = {f"{name}/{k}": v for k, v in state if isinstance(v, torch.Tensor)}
+                parts["optimizer"].update(tensors)
+    return parts, names
 
 
 def _saved(tensor: torch.Tensor):
     """What is written for `tensor`: its device array, or a numpy copy of its host values (a
     copy: a step right after an asynchronous save may write them)."""
+    import numpy as np
+
     array = device_state.device_array(tensor)
     if array is not None and tuple(array.shape) == tuple(tensor.shape):
         return array
-    import numpy as np
-
     host = tensor.detach().contiguous()
-    if tensor.dtype == torch.bfloat16:
-        return np.array(host.view(torch.int16).numpy()).view(_numpy_dtype(torch.bfloat16))
-    return np.array(host.numpy())
+    bits = host.view(torch.int16) if tensor.dtype == torch.bfloat16 else host  # (numpy has none)
+    return np.array(bits.numpy()).view(_numpy_dtype(tensor.dtype))
 
 
 def _numpy_dtype(dtype: torch.dtype):
+    import ml_dtypes
     import numpy as np
 
-    if dtype == torch.bfloat16:
-        import ml_dtypes
+    bfloat16 = dtype == torch.bfloat16
+    return np.dtype(ml_dtypes.bfloat16) if bfloat16 else torch.empty((), dtype=dtype).numpy().dtype
 
-        return np.dtype(ml_dtypes.bfloat16)
-    return torch.empty((), dtype=dtype).numpy().dtype
+
+def _torch_tensor(array) -> torch.Tensor:
+    """A host torch tensor of a numpy array's values (bfloat16 through its bits)."""
+    import numpy as np
+
+    array = np.array(array)
+    if array.dtype == _numpy_dtype(torch.bfloat16):
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
 
 
 def _read_metadata(checkpointer, path: str) -> tuple[dict, dict]:
-    """({item: its tree of ArrayMetadata}, meta) of the checkpoint at `path`."""
+    """({item: {name: ArrayMetadata}}, meta) of the checkpoint at `path`."""
     import orbax.checkpoint as ocp
 
-    meta = None
+    meta, found = None, {}
     if os.path.isdir(os.path.join(path, "meta")):
         try:
             found = checkpointer.metadata(path).item_metadata
             meta = checkpointer.restore(path, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-            meta = meta["meta"]
         except (OSError, ValueError, KeyError) as error:
-            raise CheckpointError(
-                f"tpu_inductor.load_checkpoint: {path} is not a readable checkpoint: {error}"
-            ) from error
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        what = "nothing" if not os.path.exists(path) else "no tpu_inductor checkpoint"
+            raise CheckpointError(f"tpu_inductor.load_checkpoint: {path}: {error}") from error
+    if not isinstance(meta and meta["meta"], dict) or meta["meta"].get("format") != FORMAT:
         raise CheckpointError(
-            f"tpu_inductor.load_checkpoint: {path} holds {what} (format {FORMAT} expected, "
-            f"found {meta and meta.get('format')!r}). Give the directory save_checkpoint wrote; "
-            "an asynchronous save is there only once its handle's wait() returned."
+            f"tpu_inductor.load_checkpoint: {path} holds no tpu_inductor checkpoint (of format "
+            f"{FORMAT}). Give the directory save_checkpoint wrote; an asynchronous save is "
+            "there only once its handle's wait() returned."
         )
-    return {k: v.tree for k, v in found.items() if k != "meta" and v is not None}, meta
+    trees = {k: v.tree for k, v in found.items() if k != "meta" and v is not None}
+    return {k: ocp.tree.to_flat_dict(tree, sep="/") for k, tree in trees.items()}, meta["meta"]
 
 
-def _create_state(optimizer, names: dict, saved: dict | None, path: str) -> None:
-    """Give each parameter the state the checkpoint has for it and the optimizer lacks yet (a
-    fresh AdamW before its first step): zeros of the saved shape and dtype, restored next."""
+def _create_state(optimizer, names: dict, saved: dict) -> None:
+    """Zeros of the saved shape and dtype for the state a fresh optimizer lacks (restored next)."""
+    import numpy as np
+
     by_name = {names[id(p)]: p for group in optimizer.param_groups for p in group["params"]}
-    for name, state in (saved or {}).items():
+    for key, metadata in saved.items():
+        name, _, state_key = key.rpartition("/")
         parameter = by_name.get(name)
-        if parameter is None or optimizer.state.get(parameter):
-            continue  # (a missing parameter is named by _check)
-        optimizer.state[parameter] = {
-            key: torch.zeros(tuple(m.shape), dtype=_torch_dtype(m.dtype, f"{name}.{key}", path))
-            for key, m in state.items()
-        }
-
-
-_TORCH_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.bool)
-_TORCH_DTYPES += (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
-
-
-def _torch_dtype(dtype, name: str, path: str) -> torch.dtype:
-    for candidate in _TORCH_DTYPES:
-        if _numpy_dtype(candidate) == dtype:
-            return candidate
-    raise CheckpointError(
-        f"tpu_inductor.load_checkpoint: {name} in {path} has dtype {dtype}, which no torch "
-        "dtype here matches."
-    )
-
-
-def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": x}} → {"a/b": x}: optimizer state by "parameter/key", model tensors by name."""
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}/"))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def _nest(flat: dict[str, Any]) -> dict:
-    tree: dict = {}
-    for name, value in flat.items():
-        *outer, leaf = name.split("/")
-        node = tree
-        for key in outer:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return tree
+        if parameter is None or state_key in optimizer.state[parameter]:
+            continue  # (a parameter the optimizer lacks is named by _check)
+        zeros = np.zeros(tuple(metadata.shape), dtype=metadata.dtype)
+        optimizer.state[parameter][state_key] = _torch_tensor(zeros)
 
 
 def _check(part: str, tensors: dict, saved: dict, path: str) -> None:
@@ -267,10 +225,9 @@ def _check(part: str, tensors: dict, saved: dict, path: str) -> None:
     missing, extra = sorted(set(tensors) - set(saved)), sorted(set(saved) - set(tensors))
     if missing or extra:
         raise CheckpointError(
-            f"{where}: the {part} has tensors the checkpoint lacks: {missing[:8]} and the "
-            f"checkpoint has tensors the {part} lacks: {extra[:8]} ({len(missing)} and "
-            f"{len(extra)}). Load into the model (and optimizer) that was saved: same "
-            "architecture and config, same parameter names."
+            f"{where}: the checkpoint lacks {len(missing)} of its tensors {missing[:8]} and "
+            f"has {len(extra)} it lacks {extra[:8]}. Load into what was saved: the same "
+            "architecture and config (parameter names), the same optimizer."
         )
     for name, tensor in tensors.items():
         shape, dtype = tuple(saved[name].shape), saved[name].dtype
@@ -283,43 +240,33 @@ def _check(part: str, tensors: dict, saved: dict, path: str) -> None:
 
 
 def _target(tensor: torch.Tensor):
-    """(sharding, mesh Device) a tensor is restored into: where it lives now on a mesh, or
-    None for a host tensor (a stale one's values brought home first: they are replaced)."""
+    """(orbax's restore arguments, the mesh Device or None) of a tensor: read into where it
+    lives now on a mesh, or to the host (a stale one's values brought home first: replaced)."""
+    import numpy as np
+    import orbax.checkpoint as ocp
+
     given = placements.placements([tensor])[0]
     array = device_state.device_array(tensor)
     if given is None:
         if array is not None:
             host_sync.sync([tensor])
-        return None
+        return ocp.RestoreArgs(restore_type=np.ndarray), None
     device = devices.mesh_device(devices.select_device().platform, given.mesh.axes)
-    if array is not None and tuple(array.shape) == tuple(tensor.shape):
-        return array.sharding, device
-    return device_state.sharding(device, given.spec), device
+    now = array is not None and tuple(array.shape) == tuple(tensor.shape)
+    sharding = array.sharding if now else device_state.sharding(device, given.spec)
+    shape, dtype = tuple(tensor.shape), _numpy_dtype(tensor.dtype)
+    return ocp.ArrayRestoreArgs(sharding=sharding, global_shape=shape, dtype=dtype), device
 
 
-def _restore_args(tensor: torch.Tensor, place):
-    import numpy as np
-    import orbax.checkpoint as ocp
-
-    if place is None:
-        return ocp.RestoreArgs(restore_type=np.ndarray)
-    dtype = _numpy_dtype(tensor.dtype)
-    return ocp.ArrayRestoreArgs(sharding=place[0], global_shape=tuple(tensor.shape), dtype=dtype)
-
-
-def _assign(tensor: torch.Tensor, value, place) -> None:
-    """`value` (restored into `place`'s sharding, or a numpy array) becomes `tensor`'s values."""
-    import numpy as np
-
-    if place is not None:
-        moves = transfer.Transfer(place[1])
-        if device_state.put(tensor, value, place[1], moves):
+def _assign(tensor: torch.Tensor, value, device) -> None:
+    """`value` (restored over `device`'s mesh, or a numpy array) becomes `tensor`'s values."""
+    if device is not None:
+        moves = transfer.Transfer(device)
+        if device_state.put(tensor, value, device, moves):
             return
         host = moves.to_torch(value)  # a counter or a view: its host copy is its copy
-    elif value.dtype == _numpy_dtype(torch.bfloat16):
-        host = torch.from_numpy(np.array(value).view(np.int16)).view(torch.bfloat16)
     else:
-        host = torch.from_numpy(np.array(value))
+        host = _torch_tensor(value)
     with torch.no_grad():
         tensor.copy_(host)
 
@@ -335,7 +282,7 @@ def _groups(optimizer, names: dict) -> list[dict]:
 
 def _plain(value) -> bool:
     if isinstance(value, (tuple, list)):
-        return all(_plain(v) for v in value)
+        return all(map(_plain, value))
     return value is None or isinstance(value, (bool, int, float, str))
 
 
