@@ -150,7 +150,7 @@ def lower(
     saved for the backward, which stay on the device: no write can show through them).
     `donate_writes`: the inputs the graph writes (`copy_` into a placeholder) are donated, so
     the executable updates them in place instead of allocating and copying (on a device whose
-    arrays are not the torch tensors' own memory; one device only).
+    arrays are not the torch tensors' own memory: an accelerator, or a mesh's shards).
     """
     import jax
 
@@ -165,7 +165,7 @@ def lower(
         tensor_inputs, specs = tuple(p for p, _ in kept), tuple(s for _, s in kept)
     passed_through = _passed_through_inputs(gm, tensor_inputs)
     views, bases = _aliased_outputs(gm, passed_through, separate_outputs)
-    written = _written_inputs(gm) if donate_writes and shardings is None else frozenset()
+    written = _written_inputs(gm) if donate_writes else frozenset()
     donated = tuple(slot for slot, position in enumerate(tensor_inputs) if position in written)
     structure: dict[str, Any] = {}
 

@@ -1,8 +1,9 @@
 """Process memory of a Llama training step: eager torch against tpu_inductor on one device and
-under FSDP on 8 virtual CPU devices (issue 38's acceptance run), each in its own process.
+under FSDP on 8 virtual CPU devices (issue 38's acceptance run), each in its own process, and
+FSDP over two processes of 4 devices each on loopback (`fsdp2x4`: a row per process).
 
     .venv/bin/python tools/bench_memory.py [--hidden 1024 --layers 6 --vocab 8192]
-                                           [--batch 8 --seq 64 --steps 3] [--runs eager,one,fsdp8]
+                               [--batch 8 --seq 64 --steps 3] [--runs eager,one,fsdp8,fsdp2x4]
 
 Per run: peak RSS (getrusage), steady RSS after the last step, the host bytes still held by
 parameter, gradient and optimizer storages (their resident pages, from /proc/self/pagemap's
@@ -15,6 +16,7 @@ them apart. Prints one markdown table; `--json` writes the figures.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import resource
@@ -75,10 +77,15 @@ def run_one(args) -> dict:
     import torch
 
     model = _model(args)
+    built = _rss()
     state = sum(p.numel() * p.element_size() for p in model.parameters())
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
     mesh = None
+    if args.run == "fsdp2x4":  # this process's 4 devices of 8, the other process the rest
+        import tpu_inductor
+
+        tpu_inductor.distributed.initialize(f"127.0.0.1:{args.port}", 2, args.rank, timeout_s=120)
     if args.run == "eager":
         forward = model
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
@@ -89,14 +96,14 @@ def run_one(args) -> dict:
 
         options = {"host_sync": "explicit"}
         if args.run.startswith("fsdp"):
-            mesh = tpu_inductor.Mesh({"data": int(args.run[4:])})
+            mesh = tpu_inductor.Mesh({"data": 8 if args.run == "fsdp2x4" else int(args.run[4:])})
             tpu_inductor.shard(model, mesh, plans.fsdp("data"))
         forward = torch.compile(model, backend="tpu_inductor", options=options)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
         if mesh is not None:
             tpu_inductor.shard_optimizer_state(optimizer)
         step = torch.compile(optimizer.step, backend="tpu_inductor", options=options)
-    losses = []
+    losses, after_step = [], []
     for _ in range(args.steps):
         if mesh is not None:
             tpu_inductor.mark_sharding(ids, mesh, ("data", None))
@@ -105,7 +112,12 @@ def run_one(args) -> dict:
         step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss))
+        if args.trim:
+            ctypes.CDLL(None).malloc_trim(0)
+        after_step.append((_rss(), _peak()))
     figures = {
+        "built_rss": built,
+        "rss_and_peak_after_each_step": after_step,
         "run": args.run,
         "state_bytes": 4 * state,  # parameters, gradients, two AdamW moments (float32)
         "parameter_bytes": state,
@@ -122,6 +134,44 @@ def run_one(args) -> dict:
         figures["device_kinds"] = {d: v for d, v in ledger["devices"].items()}
         figures["host_held"] = ledger["host_held"]["total"]
     return figures
+
+
+def _children(run: str, argv) -> list[dict]:
+    """The figures of `run` from its process (fsdp2x4: from each of its two)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if run.startswith("fsdp"):
+        count = 4 if run == "fsdp2x4" else int(run[4:])
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={count}"
+    command = [sys.executable, __file__, *(argv or sys.argv[1:]), "--run", run]
+    ranks = (0, 1) if run == "fsdp2x4" else (None,)
+    port = str(_free_port())
+    children = [
+        subprocess.Popen(
+            command + ([] if rank is None else ["--rank", str(rank), "--port", port]),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in ranks
+    ]
+    rows = []
+    for rank, child in zip(ranks, children):
+        out, err = child.communicate()
+        if child.returncode:
+            sys.exit(f"run {run} (process {rank}) failed:\n{err[-4000:]}")
+        row = json.loads(out.strip().splitlines()[-1])
+        row["run"] = run if rank is None else f"{run} process {rank}"
+        rows.append(row)
+    return rows
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _table(rows: list[dict]) -> str:
@@ -156,21 +206,22 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--runs", default="eager,one,fsdp8")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # the child's one run
+    parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--trim",
+        action="store_true",
+        help="give the C heap's free memory back after each step (malloc_trim): what XLA:CPU's "
+        "freed buffers leave in glibc's arenas is then not counted as held",
+    )
     args = parser.parse_args(argv)
     if args.run:
         print(json.dumps(run_one(args)))
         return
     rows = []
     for run in args.runs.split(","):
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        if run.startswith("fsdp"):
-            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={run[4:]}"
-        command = [sys.executable, __file__, *(argv or sys.argv[1:]), "--run", run]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-        if done.returncode:
-            sys.exit(f"run {run} failed:\n{done.stderr[-4000:]}")
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        rows += _children(run, argv)
     if not any(r["run"] == "eager" for r in rows):
         sys.exit("--runs needs eager (the ratio's base)")
     print(_table(rows))

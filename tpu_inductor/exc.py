@@ -57,3 +57,8 @@ class ArtifactError(TpuInductorError):
 
 class BenchError(TpuInductorError, ValueError):
     """A benchmark model that cannot be found or built (a bad name or factory)."""
+
+
+class CheckpointError(TpuInductorError, ValueError):
+    """A checkpoint that cannot be saved to or loaded into what was given: not a checkpoint, a
+    tensor name one side lacks, a shape or dtype that differs."""

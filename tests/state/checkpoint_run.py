@@ -95,11 +95,9 @@ class Run:
         for name, parameter in self.model.named_parameters():
             for key, value in self.optimizer.state.get(parameter, {}).items():
                 found[f"optimizer/{name}/{key}"] = value
-        # One at a time, in the order of the names: a sync gathers a tensor split over two
-        # processes with a collective each runs, and sync(model, optimizer) takes them in the
-        # order of their storages' addresses, which differs between processes.
-        for tensor in found.values():
-            tpu_inductor.sync(tensor)
+        # (a tensor split over two processes is gathered by a collective each runs: in the
+        # order given, the same in both)
+        tpu_inductor.sync(*found.values())
         return {name: tensor.detach().clone() for name, tensor in found.items()}
 
     def on_devices(self) -> int:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import tpu_inductor
-from tpu_inductor.state.checkpoint import CheckpointError
+from tpu_inductor.exc import CheckpointError
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _RUN = [sys.executable, "-m", "tests.state.checkpoint_run"]

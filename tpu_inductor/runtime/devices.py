@@ -64,9 +64,10 @@ class Device:
 
     @property
     def holds_copies(self) -> bool:
-        """Whether its arrays are copies of the torch tensors (all but the zero-copy CPU), on
-        one device: a buffer a graph writes is then donated to the executable."""
-        return not (self.platform == "cpu" and self.zero_copy) and not self.mesh
+        """Whether its arrays are copies of the torch tensors (all but the zero-copy CPU's one
+        device; a mesh's shards always are): a buffer a graph writes is then donated to the
+        executable (an optimizer step updates parameters and moments in place)."""
+        return bool(self.mesh) or not (self.platform == "cpu" and self.zero_copy)
 
     @property
     def lowering_platform(self) -> str:

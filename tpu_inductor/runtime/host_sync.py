@@ -249,8 +249,11 @@ class HostSync:
             if tensors is None:
                 keys = list(self.pending)
             else:
+                # in the order given: across processes each gathers them in the same order
                 keys = [
-                    k for k in {t.untyped_storage()._cdata for t in tensors} if k in self.pending
+                    k
+                    for k in dict.fromkeys(t.untyped_storage()._cdata for t in tensors)
+                    if k in self.pending
                 ]
             copied = 0
             _, clear = self._marker() if keys else (None, None)

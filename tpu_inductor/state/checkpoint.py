@@ -33,18 +33,13 @@ import os
 
 import torch
 
-from tpu_inductor.exc import TpuInductorError
+from tpu_inductor.exc import CheckpointError
 from tpu_inductor.runtime import devices, transfer
 from tpu_inductor.runtime.host_sync import host_sync
 from tpu_inductor.sharding import shard as placements
 from tpu_inductor.state import device_state
 
 FORMAT = 1
-
-
-class CheckpointError(TpuInductorError, ValueError):
-    """A checkpoint that cannot be saved to or loaded into what was given: not a checkpoint, a
-    tensor name one side lacks, a shape or dtype that differs."""
 
 
 class SaveHandle:
