@@ -67,12 +67,23 @@ def main(argv=None) -> int:
         reference_optimizer.step()
         reference_optimizer.zero_grad()
         losses.append([loss.item(), expected.item()])
+    # what this process's devices hold of the model: its half (each of its 4 devices an eighth)
+    resident = sum(d["parameters"] for d in tpu_inductor.memory()["devices"].values())
     tpu_inductor.sync(model)  # (placed on the mesh, the model lives there: gathered home)
     diff = max(
         (p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters())
     )
     print(
-        json.dumps({"process": args.process_id, "losses": losses, "param_diff": diff}), flush=True
+        json.dumps(
+            {
+                "process": args.process_id,
+                "losses": losses,
+                "param_diff": diff,
+                "resident": resident,
+                "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+            }
+        ),
+        flush=True,
     )
     return 0
 

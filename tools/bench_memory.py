@@ -104,12 +104,16 @@ def run_one(args) -> dict:
             tpu_inductor.shard_optimizer_state(optimizer)
         step = torch.compile(optimizer.step, backend="tpu_inductor", options=options)
     losses, after_step = [], []
+    phases = {"placed": _peak()}  # the peak so far after each phase of the first step
     for _ in range(args.steps):
         if mesh is not None:
             tpu_inductor.mark_sharding(ids, mesh, ("data", None))
         loss = forward(input_ids=ids, labels=ids).loss
+        phases.setdefault("forward", _peak())
         loss.backward()
+        phases.setdefault("backward", _peak())
         step()
+        phases.setdefault("optimizer step", _peak())
         optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss))
         if args.trim:
@@ -118,6 +122,7 @@ def run_one(args) -> dict:
     figures = {
         "built_rss": built,
         "rss_and_peak_after_each_step": after_step,
+        "first_step_peaks": phases,
         "run": args.run,
         "state_bytes": 4 * state,  # parameters, gradients, two AdamW moments (float32)
         "parameter_bytes": state,

@@ -284,7 +284,7 @@ def _graph(
     # Saved activations kept on the device get module results of their own (not views), as do
     # outputs a constraint splits (left split: sharding.split_outputs).
     saved = roles.saved_outputs if roles.keep_saved else ()
-    separate = frozenset(saved) | sharding.split_outputs(gm)
+    separate = frozenset(saved) | sharding.split_outputs(gm, device_state.placed())
     return _Graph(
         gm,
         options,

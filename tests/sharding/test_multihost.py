@@ -72,6 +72,9 @@ def test_a_sharded_training_step_over_two_processes_equals_eager():
         for loss, expected in row["losses"]:
             assert abs(loss - expected) <= 1e-5 * abs(expected)
         assert row["param_diff"] < 1e-6
+        # the model lives on the devices: each process's hold half its parameters (every one
+        # split over the 8)
+        assert row["resident"] == row["parameter_bytes"] // 2, row
 
 
 @pytest.mark.parametrize(

@@ -158,15 +158,16 @@ def module_split(layout, device_axes, inputs: Sequence[Any], open_inputs=()) -> 
     return mesh.axes, split
 
 
-def split_outputs(gm: torch.fx.GraphModule) -> frozenset[int]:
+def split_outputs(gm: torch.fx.GraphModule, on_devices: bool = False) -> frozenset[int]:
     """Graph outputs a sharding constraint splits (a gradient placed as its parameter, by
     annotate_sharding): the module returns them split (a reduce-scatter of the partial sums,
     not an all-reduce and a gather) and the host assembles their shards. Across processes a
-    host holds only its own shards, so there they come back whole (none)."""
+    host holds only its own shards, so there they come back whole (none), unless they stay on
+    the devices (`on_devices`: a model placed there, whose gradients never come home)."""
     from tpu_inductor.ops.shard_as import is_constraint
     from tpu_inductor.sharding import distributed
 
-    if distributed.active():
+    if distributed.active() and not on_devices:
         return frozenset()
     outputs = gm.graph.output_node().args[0]
     flat = outputs if isinstance(outputs, (list, tuple)) else (outputs,)
