@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -47,19 +47,24 @@ def tpu_inductor(
     from tpu_inductor.compile_fx import compile_graph, load_cached
 
     # AOTAutograd's graphs take the Dynamo graph's own parameters and buffers (an optimizer
-    # step's) first, in aot_module_simplified's order, then its inputs.
+    # step's) first, in aot_module_simplified's order, then its inputs, a list flattened (the
+    # one list a compiled-autograd graph takes).
     lifted = {
         **dict(gm.named_parameters(remove_duplicate=False)),
         **dict(gm.named_buffers(remove_duplicate=False)),
     }
-    inputs = (*lifted.values(), *example_inputs)
+    inputs = (*lifted.values(), *torch.utils._pytree.arg_tree_leaves(*example_inputs))
     placed = sharding.placements(inputs)
-    # Inputs another graph returned (gradients a compiled optimizer step takes): a device copy
-    # of them may be there (residency.mirrors), which the graph takes instead of sending them.
+    # Saved activations kept on the device that a compiled-autograd backward takes: AOTAutograd
+    # hands the graph their stand-ins (residency.DeviceTensor).
+    kept = tuple(i for i, v in enumerate(inputs) if type(v) is residency.DeviceTensor)
+    # Inputs another graph returned (gradients a compiled optimizer step takes, those saved
+    # activations): a device copy of them may be there (residency.mirrors), which the graph
+    # takes instead of sending them.
     from_graphs = tuple(
         i
         for i, v in enumerate(inputs)
-        if isinstance(v, torch.Tensor) and residency.mirrors.has_copy(v)
+        if i in kept or isinstance(v, torch.Tensor) and residency.mirrors.has_copy(v)
     )
     mesh = common_mesh(placed)
     # AOTAutograd's cache key knows nothing of placements: a graph over a mesh skips it (our
@@ -88,6 +93,8 @@ def tpu_inductor(
             if kind == "forward" and mesh is not None:
                 specs = getattr(compiled, "output_partition_specs", dict)()
                 saved_layouts[:] = [specs.get(i) for i in roles.saved_outputs]
+            if kept and kind != "backward":
+                compiled = _standing_for(compiled, kept)
             return (
                 autograd_cache.CachedGraph(compiled, kind, static, roles)
                 if use_autograd_cache
@@ -117,6 +124,23 @@ def tpu_inductor(
             decompositions=decompositions.table(),
             keep_inference_input_mutations=True,
         )(gm, example_inputs)
+
+
+def _standing_for(compiled: Callable[[list], list], positions: tuple[int, ...]):
+    """`compiled`, called with the DeviceTensors that the stand-ins at `positions` stand for:
+    the graph's whole executable takes their arrays, a split graph's eager ops their values
+    (read from the device, counted). (A graph loaded from AOTAutograd's cache, whole, takes the
+    stand-ins themselves: their mirrors are the arrays.)"""
+    stood_for = residency.DeviceTensor.stood_for
+
+    def run(args: list) -> list:
+        for position in positions:
+            args[position] = stood_for(args[position])
+        return compiled(args)
+
+    run._boxed_call = True
+    run.graph_key = getattr(compiled, "graph_key", None)  # (storable in AOTAutograd's cache)
+    return run
 
 
 def _require_cpu_tensors(inputs: Sequence[Any]) -> None:

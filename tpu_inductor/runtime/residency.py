@@ -8,6 +8,18 @@ print, `torch.save`) gets its values: the array is copied to the host once (coun
 host: `data_ptr()` is 0 (no host memory), never a stale address; `.numpy()` and `.tolist()`
 give the values.
 
+Compiled autograd (`torch._dynamo.config.compiled_autograd`) makes the backward a Dynamo graph
+whose inputs are the saved activations. A DeviceTensor reaches it as its *stand-in*: a plain
+CPU tensor of its shape and dtype over one zero element (zero strides: no host memory), which
+Dynamo and AOTAutograd trace as any input, and which carries a twin DeviceTensor over the same
+array (`DeviceTensor.stood_for`) and is mirrored (below) by the array. The backend hands the
+graph the twins (its executable takes their arrays; eager ops of a split graph read their
+values, counted), and a graph loaded from AOTAutograd's cache finds the arrays as the
+stand-ins' mirrors: the activations never cross. (Chosen over returning saved activations as
+host tensors under compiled autograd, which sends them to the host, and over lifting them as
+opaque handles, which needs compiled autograd's capture changed. A bucketed graph's padded
+array is not the values: its stand-in is the host copy, counted.)
+
 A *mirror* is the device copy of a host tensor (a parameter, a buffer, a saved input) together
 with the host tensor's stamp (version counter, storage pointer) when the copy was made or
 written: every compiled graph that takes the tensor reuses the copy while the stamp holds, and a
@@ -34,7 +46,15 @@ class DeviceTensor(torch.Tensor):
     """A tensor of `shape` and `dtype` whose values are the device array `array`.
 
     `to_host(array)` copies an array to a CPU torch tensor (the runtime's transfer);
-    `device_key` names the array's device (runtime.Device.key)."""
+    `device_key` names the array's device (runtime.Device.key).
+
+    Under compiled autograd, Dynamo traces the backward and takes the saved activations as
+    graph inputs: this is a traceable wrapper subclass (`__tensor_flatten__`), which Dynamo and
+    AOTAutograd see as its one inner tensor, its `stand_in` (see the module's text).
+    Rebuilt from a traced stand-in (`__tensor_unflatten__`) it has no array, and its ops run
+    on the stand-in: that is how they are traced."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
 
     @staticmethod
     def __new__(
@@ -42,13 +62,15 @@ class DeviceTensor(torch.Tensor):
         array,
         shape,
         dtype: torch.dtype,
-        to_host: Callable[[Any], Any],
+        to_host: Callable[[Any], Any] | None,
         device_key,
         unpad: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        stand_in: torch.Tensor | None = None,
     ):
         tensor = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="cpu")
         tensor.array, tensor.device_key = array, device_key
         tensor._to_host, tensor._unpad, tensor._host = to_host, unpad, None
+        tensor._stand_in = stand_in
         return tensor
 
     @property
@@ -78,10 +100,47 @@ class DeviceTensor(torch.Tensor):
             self._host = host.reshape(self.shape)
         return self._host
 
+    # Called by Dynamo and AOTAutograd themselves, also from eager code between graphs, where
+    # Dynamo would compile these frames: never traced.
+    @property
+    @torch._disable_dynamo
+    def stand_in(self) -> torch.Tensor:
+        """The plain tensor traced graphs take for this one (made on first use)."""
+        if self._stand_in is None:
+            if self._unpad is not None:
+                self._stand_in = self.host()
+            else:
+                stand_in = torch.zeros((), dtype=self.dtype).expand(self.shape)
+                # (a twin over the same array, not this tensor: no reference cycle)
+                stand_in._stands_for = DeviceTensor(
+                    self.array, self.shape, self.dtype, self._to_host, self.device_key
+                )
+                mirrors.put(stand_in, self.device_key, self.array)
+                self._stand_in = stand_in
+        return self._stand_in
+
+    @staticmethod
+    def stood_for(tensor: torch.Tensor) -> torch.Tensor:
+        """The DeviceTensor that `tensor` is the stand-in of (over the same array); else
+        `tensor` itself."""
+        return getattr(tensor, "_stands_for", tensor)
+
+    @torch._disable_dynamo
+    def __tensor_flatten__(self) -> tuple[list[str], None]:
+        return ["stand_in"], None
+
+    @staticmethod
+    @torch._disable_dynamo
+    def __tensor_unflatten__(inner: dict, meta: None, outer_size, outer_stride) -> DeviceTensor:
+        stand_in = inner["stand_in"]
+        return DeviceTensor(None, outer_size, stand_in.dtype, None, None, stand_in=stand_in)
+
     @classmethod
+    @torch._disable_dynamo
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        if func in _SHARING and type(args[0]) is cls:  # autograd's detach of a saved tensor
-            source = args[0]
+        source = args[0] if args else None
+        if func in _SHARING and type(source) is cls and source.array is not None:
+            # autograd's detach of a saved tensor
             return cls(
                 source.array,
                 source.shape,
@@ -89,9 +148,14 @@ class DeviceTensor(torch.Tensor):
                 source._to_host,
                 source.device_key,
                 source._unpad,
+                source._stand_in,
             )
-        args, kwargs = torch.utils._pytree.tree_map_only(cls, cls.host, (args, kwargs or {}))
+        args, kwargs = torch.utils._pytree.tree_map_only(cls, cls._values, (args, kwargs or {}))
         return func(*args, **kwargs)
+
+    def _values(self) -> torch.Tensor:
+        """What an op reads: the values; the stand-in where traced (no array)."""
+        return self._stand_in if self.array is None else self.host()
 
     def numpy(self, *, force: bool = False):
         return self.host().numpy(force=force)
@@ -103,6 +167,8 @@ class DeviceTensor(torch.Tensor):
         return self.host().__reduce_ex__(protocol)
 
     def __repr__(self, *, tensor_contents=None) -> str:
+        if self.array is None:
+            return f"DeviceTensor(traced, {self._stand_in!r})"
         return f"DeviceTensor({self.host()!r})"
 
 
