@@ -73,10 +73,14 @@ def test_sharded_training_equals_one_device_with_the_collectives_each_plan_impli
     assert step < total
     # The backward reduces each split parameter's gradient into its shard: an all-reduce each
     # device slices (XLA's GPU/TPU pipelines make it a reduce-scatter; XLA:CPU's keeps it), and
-    # nothing gathers the gradients back whole (the host assembles the shards).
+    # the gradients leave it as shards (they stay on the devices). The backward takes the
+    # parameters split, as the forward did, and gathers what it needs again, as FSDP does: at
+    # most each parameter once (never gathered before the call, outside the report).
     fsdp_backward = _collectives(rows["fsdp"], "backward")
     assert fsdp_backward["sliced_all_reduces"]["count"] >= 2 * layers
-    assert fsdp_backward["collectives"].get("all-gather", {"bytes": 0})["bytes"] < total / 3
+    assert fsdp_backward["per_device_bytes"]["outputs"] < total / 3
+    assert fsdp_backward["per_device_bytes"]["arguments"] < total
+    assert fsdp_backward["collectives"].get("all-gather", {"bytes": 0})["bytes"] <= total
     # Tensor parallel: the row-parallel projections (attention's output, the MLP's down) each
     # end in an all-reduce of their partial sums, at least one per block and one per MLP.
     for plan in ("tp", "tp_dp"):

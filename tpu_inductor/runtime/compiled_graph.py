@@ -135,19 +135,29 @@ class CompiledGraph:
 
     def output_partition_specs(self) -> dict[int, tuple]:
         """Over a mesh: graph output index → the partition spec (per dim, a mesh axis or None)
-        of the outputs that stay on the devices, as the partitioner split them; a layout one
-        axis per dim cannot say is left out. Empty on one device."""
+        of the outputs that stay on the devices, as the partitioner split them, and of the
+        inputs returned as they are (a parameter saved for the backward), as the module took
+        them (so the backward takes it split so, not gathered first); a layout one axis per
+        dim cannot say is left out. Empty on one device."""
         if self._run.result_shardings is None:
             return {}
-        results = self.plan.results
+        results, outputs = self.plan.results, self.lowered.outputs
         kept = {
             index: self._run.result_shardings[slot.result]
-            for index, slot in enumerate(self.lowered.outputs)
+            for index, slot in enumerate(outputs)
             if slot.result is not None
             and results[slot.result].goes is Destination.KEPT
             and not slot.view
         }
-        return mesh_placement.partition_specs(self.device.axes, kept)
+        specs = mesh_placement.partition_specs(self.device.axes, kept)
+        split = self.lowered.shardings
+        slots = {position: s for s, position in enumerate(self.lowered.tensor_inputs)}
+        for index, slot in enumerate(outputs):
+            if slot.result is None and slot.input in slots and not slot.view:
+                spec = split.inputs[slots[slot.input]]
+                if spec is not None:
+                    specs[index] = spec
+        return specs
 
     def transfer_summary(self) -> dict:
         """For compile records: what a steady-state call moves, what the first call moves

@@ -80,13 +80,9 @@ def put(tensor: torch.Tensor, array, device: devices.Device, moves: transfer.Tra
 
 def sharding(device: devices.Device, spec) -> Any:
     """The jax sharding that splits a tensor by `spec` over `device`'s mesh."""
-    import numpy as np
-    from jax.sharding import Mesh as JaxMesh
-    from jax.sharding import NamedSharding, PartitionSpec
+    from tpu_inductor.lowering.stablehlo import Shardings
 
-    names = tuple(name for name, _ in device.axes)
-    grid = np.array(device.mesh, dtype=object).reshape([size for _, size in device.axes])
-    return NamedSharding(JaxMesh(grid, names), PartitionSpec(*spec))
+    return Shardings(device.axes, (tuple(spec),)).named(device.mesh)[0]
 
 
 def device_array(tensor: torch.Tensor) -> Any | None:
