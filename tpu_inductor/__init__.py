@@ -29,9 +29,9 @@ __all__ = [
     "transfers",
 ]
 
-# Sharding's user API (tpu_inductor.sharding.shard), imported when first used; `shard` also
-# moves the model onto the mesh's devices (state.device_state).
-_SHARDING = ("Mesh", "shard_optimizer_state", "mark_sharding")
+# Sharding's user API (tpu_inductor.sharding.shard), imported when first used; `shard` and
+# `shard_optimizer_state` also move the state onto the mesh's devices (state.device_state).
+_SHARDING = ("Mesh", "mark_sharding")
 
 
 def __getattr__(name: str):
@@ -39,8 +39,8 @@ def __getattr__(name: str):
 
     if name in _SHARDING:
         return getattr(importlib.import_module(".sharding.shard", __name__), name)
-    if name == "shard":
-        return importlib.import_module(".state.device_state", __name__).shard
+    if name in ("shard", "shard_optimizer_state"):
+        return getattr(importlib.import_module(".state.device_state", __name__), name)
     if name == "materialize":  # a model built on meta, made on the mesh (state.materialize)
         return importlib.import_module(".state.materialize", __name__).materialize
     if name in ("save_checkpoint", "load_checkpoint"):  # sharded, without gathering

@@ -48,6 +48,48 @@ def shard(model: torch.nn.Module, mesh: Mesh, plan) -> torch.nn.Module:
     return model
 
 
+def shard_optimizer_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """sharding.shard.shard_optimizer_state (the state split like its parameters), and the
+    state the optimizer makes for a parameter that lives on the devices made there: AdamW's
+    `zeros_like(p)` moments are zeros of `p`'s placement on its devices, no host memory touched
+    (a model larger than the host has moments larger than it too). Returns `optimizer`."""
+    placements.shard_optimizer_state(optimizer)
+    init = getattr(optimizer, "_init_group", None)  # (torch's optimizers make state there;
+    if init is None or getattr(init, "on_devices", False):  # Dynamo calls it as it is)
+        return optimizer
+
+    def init_on_devices(*args, **kwargs):
+        with _ZerosOnDevices():
+            return init(*args, **kwargs)
+
+    init_on_devices.on_devices = True
+    optimizer._init_group = init_on_devices
+    return optimizer
+
+
+class _ZerosOnDevices(torch.overrides.TorchFunctionMode):
+    """`torch.zeros_like(p)` of a tensor that lives on the devices: a host tensor whose only
+    copy is zeros made on them, split as `p` is."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        entry = None
+        if func is torch.zeros_like and set(kwargs) <= {"memory_format"}:
+            entry = host_sync.pending.get(args[0].untyped_storage()._cdata)
+        if entry is None or len(args) != 1:
+            return func(*args, **kwargs)
+        import jax
+        import jax.numpy as jnp
+
+        array = entry.array
+        zeros = jax.jit(lambda: jnp.zeros(array.shape, array.dtype), out_shardings=array.sharding)()
+        tensor = torch.empty(entry.shape, dtype=entry.dtype)  # (its pages never touched)
+        if host_sync.defer(tensor, zeros, entry.device_key, entry.to_torch, PLACED):
+            residency.mirrors.put(tensor, entry.device_key, zeros)
+            return tensor
+        return func(*args, **kwargs)
+
+
 def mesh_device(mesh: Mesh) -> devices.Device:
     """The devices of `mesh` on the best platform here (the one compiled graphs run on)."""
     return devices.mesh_device(devices.select_device().platform, mesh.axes)
