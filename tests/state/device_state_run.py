@@ -16,6 +16,7 @@ import torch  # noqa: E402
 import tpu_inductor  # noqa: E402
 from tpu_inductor.runtime.host_sync import host_sync  # noqa: E402
 from tpu_inductor.sharding import plans as sharding_plans  # noqa: E402
+from tpu_inductor.state import device_state  # noqa: E402
 
 
 def _model() -> torch.nn.Module:
@@ -67,12 +68,36 @@ def placed() -> dict:
     mesh = tpu_inductor.Mesh({"data": 8})
     tpu_inductor.shard(model, mesh, sharding_plans.fsdp("data", min_elements=1))
     held = _held(parameters)
+    # AdamW's moments of such a parameter are made on its devices, split as it is: no host page
+    optimizer = tpu_inductor.shard_optimizer_state(torch.optim.AdamW(parameters))
+    for p in parameters:
+        p.grad = torch.ones(p.shape)  # (only its presence is read)
+    optimizer._init_group(optimizer.param_groups[0], [], [], [], [], [], [])
+    moments = [optimizer.state[p][k] for p in parameters for k in ("exp_avg", "exp_avg_sq")]
+    moments_held = _held(moments)
+    split_as_parameters = all(
+        device_state.device_array(optimizer.state[p]["exp_avg"]).sharding.is_equivalent_to(
+            device_state.device_array(p).sharding, p.ndim
+        )
+        for p in parameters
+    )
+    tpu_inductor.sync(*moments)
+    moments_zero = all(not m.any() for m in moments)
     reads = _eager_reads(model)
     tpu_inductor.sync(model)
     equal = all(torch.equal(v, expected[k]) for k, v in model.state_dict().items())
     buffer = io.BytesIO()
     torch.save(model.state_dict(), buffer)
-    return {"held": held, "nbytes": nbytes, "reads": reads, "equal": equal, "saved": buffer.tell()}
+    return {
+        "held": held,
+        "nbytes": nbytes,
+        "reads": reads,
+        "equal": equal,
+        "saved": buffer.tell(),
+        "moments_held": moments_held,
+        "moments_split_as_parameters": split_as_parameters,
+        "moments_zero": moments_zero,
+    }
 
 
 def trained(steps: int) -> dict:

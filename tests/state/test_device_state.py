@@ -28,6 +28,10 @@ def test_a_placed_model_holds_no_host_memory_and_every_eager_read_names_the_sync
     for path, outcome in found["reads"].items():
         assert "tpu_inductor.sync()" in outcome, (path, outcome)
         assert "tpu_inductor.shard placed it on a device mesh" in outcome, (path, outcome)
+    # AdamW's moments of placed parameters: made as zeros on the devices, split as their
+    # parameters, no host memory but the partial end pages (tpu_inductor.shard_optimizer_state)
+    assert found["moments_held"] <= 0.01 * 2 * found["nbytes"], found
+    assert found["moments_split_as_parameters"] and found["moments_zero"]
     assert found["equal"]  # synced: the values placed, bitwise
     assert found["saved"] > found["nbytes"]  # and torch.save writes them
 
