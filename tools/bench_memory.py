@@ -138,6 +138,8 @@ def run_one(args) -> dict:
         figures["device_resident"] = {d: v["total"] for d, v in ledger["devices"].items()}
         figures["device_kinds"] = {d: v for d, v in ledger["devices"].items()}
         figures["host_held"] = ledger["host_held"]["total"]
+        # XLA's estimate of each device's step peak: resident + the largest executable's need
+        figures["device_peaks"] = ledger["peak"]
     return figures
 
 
