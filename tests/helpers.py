@@ -126,3 +126,29 @@ class WritesBuffers(torch.nn.Module):
 def compile_tpu(fn: Callable, **options) -> Callable:
     """`torch.compile(fn, backend="tpu_inductor")` with `options` (None when there are none)."""
     return torch.compile(fn, backend="tpu_inductor", options=options or None)
+
+
+def start_pair(command: Callable[[int, str], list[str]]) -> list:
+    """Two processes on loopback (rank 0 and 1, `command(rank, port)` each, a free port),
+    started from the repository root without XLA_FLAGS (each sets its own device count); the
+    caller waits for them and kills what is left (subprocess.Popen, text pipes)."""
+    import os
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    return [
+        subprocess.Popen(
+            command(rank, port),
+            cwd=root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]

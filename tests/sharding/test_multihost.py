@@ -5,52 +5,26 @@ or stalls makes its peer fail with an error naming it within 60 s."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 import time
 
 import pytest
 
+from tests.helpers import start_pair
 from tpu_inductor.exc import OptionError
 from tpu_inductor.sharding import distributed
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _job(*extra_for_process_1: str, steps: int = 3, both=(), ends=True) -> tuple[list, float]:
     """Both processes' (returncode, stdout, stderr), and when process 0 ended (time.time()).
     `both`: arguments for both processes, `extra_for_process_1` for process 1 after them;
     `ends`: process 1 ends by itself (waited for), else it is killed once process 0 ended."""
-    port = str(_free_port())
-    command = [sys.executable, "-m", "tests.multihost_run"]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    procs = [
-        subprocess.Popen(
-            [
-                *command,
-                str(rank),
-                port,
-                "--steps",
-                str(steps),
-                *both,
-                *(extra_for_process_1 if rank else ()),
-            ],
-            cwd=_ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
+    procs = start_pair(
+        lambda rank, port: [
+            *(sys.executable, "-m", "tests.multihost_run", str(rank), port),
+            *("--steps", str(steps), *both, *(extra_for_process_1 if rank else ())),
+        ]
+    )
     try:
         out0, err0 = procs[0].communicate(timeout=240)
         ended = time.time()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -18,6 +17,7 @@ import pytest
 import torch
 
 import tpu_inductor
+from tests.helpers import start_pair
 from tpu_inductor.exc import CheckpointError
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,21 +34,7 @@ def _rows(*args: str) -> list[dict]:
 
 
 def _two_processes(*args: str) -> list[dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    procs = [
-        subprocess.Popen(
-            [*_RUN, *args, "--process", str(rank), "--port", port],
-            cwd=_ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
+    procs = start_pair(lambda rank, port: [*_RUN, *args, "--process", str(rank), "--port", port])
     rows = []
     try:
         for proc in procs:
