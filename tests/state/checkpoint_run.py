@@ -13,9 +13,12 @@ from DIR/checkpoint (from DIR/checkpoint2 with --from2, compared with saved2.pt 
 after the load, the largest difference from DIR/saved.pt (and whether all are bitwise equal),
 then the third step's loss and every tensor after it against DIR/after.pt. With --process:
 case `same` over two processes' 8 devices.
-`rss`: a model of 64 MiB on 8 devices, saved synchronously and then asynchronously; prints the
-resident memory's growth at the peak during each save, after it and after the heap's free
-memory is given back (malloc_trim), as fractions of the state's bytes, and the times.
+With --host-bytes N the save copies the shards to the host N bytes at a time after it returns
+(the third step then waits for it: the count printed as `waits`).
+`rss`: a model of 64 MiB (--mib) on 8 devices, saved synchronously, asynchronously and asynchronously
+with a host budget of a twentieth of the state; prints the resident memory's growth at the
+peak during each save, after it and after the heap's free memory is given back (malloc_trim),
+as fractions of the state's bytes, and the times.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ else:
 import torch  # noqa: E402
 
 import tpu_inductor  # noqa: E402
+from tpu_inductor.runtime import pending_reads  # noqa: E402
 from tpu_inductor.sharding import plans as sharding_plans  # noqa: E402
 from tpu_inductor.state import device_state  # noqa: E402
 
@@ -117,7 +121,7 @@ def _compare(found: dict, expected: dict) -> dict:
     }
 
 
-def save(folder: str, process: int | None) -> None:
+def save(folder: str, process: int | None, host_bytes: int | None) -> None:
     suffix = "" if process is None else "2"  # saved by two processes
     run = Run("same", seed=0)
     run.step(1)
@@ -127,15 +131,17 @@ def save(folder: str, process: int | None) -> None:
     saved = {name: _host(value) for name, value in _held(run).items()}
     path = os.path.join(folder, f"checkpoint{suffix}")
     start = time.perf_counter()
-    handle = tpu_inductor.save_checkpoint(path, run.model, run.optimizer)
+    handle = tpu_inductor.save_checkpoint(path, run.model, run.optimizer, host_bytes=host_bytes)
     returned = time.perf_counter() - start
     loss = run.step(3)  # before the save is waited for: it must not change what is written
     handle.wait()
+    waits = pending_reads.stats["waits"]
     after = {"loss": loss, "tensors": run.tensors()}
     if process in (None, 0):
         torch.save(saved, os.path.join(folder, f"saved{suffix}.pt"))
         torch.save(after, os.path.join(folder, f"after{suffix}.pt"))
-    print(json.dumps({"process": process, "saved": path, "returned_s": returned}), flush=True)
+    row = {"process": process, "saved": path, "returned_s": returned, "waits": waits}
+    print(json.dumps(row), flush=True)
 
 
 def _held(run: Run) -> dict:
@@ -178,20 +184,25 @@ def load(folder: str, cases: list[str], suffix: str, process: int | None) -> Non
         print(json.dumps(row), flush=True)
 
 
-def rss(folder: str) -> None:
-    model = torch.nn.Sequential(*(torch.nn.Linear(1024, 1024, bias=False) for _ in range(16)))
+def rss(folder: str, mib: int) -> None:
+    layers = (torch.nn.Linear(1024, 1024, bias=False) for _ in range(mib // 4))
+    model = torch.nn.Sequential(*layers)
     state_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     tpu_inductor.shard(model, tpu_inductor.Mesh({"data": 8}), sharding_plans.fsdp("data"))
     row = {"state_bytes": state_bytes}
     warm = os.path.join(folder, "warm-up")  # orbax's imports and thread pools, not measured
     tpu_inductor.save_checkpoint(warm, torch.nn.Linear(2, 2), asynchronous=False)
-    for mode in ("sync", "async"):
+    budget = {"sync": None, "async": None, "budget": state_bytes // 20}
+    for mode in ("sync", "async", "budget"):
         _trim()
         before = _rss()
         with _Peak() as peak:
             start = time.perf_counter()
             handle = tpu_inductor.save_checkpoint(
-                os.path.join(folder, mode), model, asynchronous=mode == "async"
+                os.path.join(folder, mode),
+                model,
+                asynchronous=mode != "sync",
+                host_bytes=budget[mode],
             )
             returned = time.perf_counter() - start
             handle.wait()
@@ -247,15 +258,17 @@ def main(argv=None) -> int:
     parser.add_argument("--process", type=int)
     parser.add_argument("--port", type=int)
     parser.add_argument("--from2", action="store_true", help="load what two processes saved")
+    parser.add_argument("--host-bytes", type=int, help="save's host budget (bytes)")
+    parser.add_argument("--mib", type=int, default=64, help="`rss`: the model's size")
     args = parser.parse_args(argv)
     if args.process is not None:
         tpu_inductor.distributed.initialize(f"127.0.0.1:{args.port}", 2, args.process)
     if args.mode == "save":
-        save(args.folder, args.process)
+        save(args.folder, args.process, args.host_bytes)
     elif args.mode == "load":
         load(args.folder, args.cases, "2" if args.from2 else "", args.process)
     else:
-        rss(args.folder)
+        rss(args.folder, args.mib)
     return 0
 
 

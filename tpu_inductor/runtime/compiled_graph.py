@@ -28,6 +28,7 @@ from tpu_inductor.runtime import (
     ledger,
     memory,
     module_results,
+    pending_reads,
     residency,
     transfer,
 )
@@ -257,12 +258,15 @@ class CompiledGraph:
 
     def _execute(self, arrays: list, args: list) -> list:
         """Run the executable; one jax array per module result. A donated argument's array is
-        deleted by the call: one that is another tensor's (a DeviceTensor's) is copied first;
+        deleted by the call: one that is another tensor's (a DeviceTensor's) is copied first,
+        one a checkpoint save still reads is waited for (pending_reads.py);
         if the call fails, the mirrors of the donated tensors are dropped (the host tensors,
         not yet written, are sent again)."""
         donated = self.plan.donated
         if not donated:
             return self._run(arrays)
+        if pending_reads.any_held():
+            pending_reads.before_donating([arrays[a.argument] for a in donated])
         for a in donated:
             if args[a.position].__class__ is residency.DeviceTensor:
                 arrays[a.argument] = arrays[a.argument].copy()

@@ -10,10 +10,15 @@ gradients on the devices only (state/device_state.py): gathering them to one hos
 `torch.save` would need the whole model in one host's memory. Here nothing is gathered: a
 device-only tensor is saved from its sharded jax array, each process writing the shards its
 devices hold; a host tensor (an unplaced buffer, AdamW's one-element `step`) as it is, copied
-at the call (orbax copies the shards to host memory before it returns and writes from
-those copies: a save holds one host copy of this process's state until written). A load restores each placed tensor straight into the sharding the model has now
-(another mesh, another plan, another process count than the save's) and makes that array its
-only copy (`device_state.put`); an unplaced tensor is read to the host and copied in.
+at the call. By default orbax copies the shards to host memory before it returns and writes
+from those copies: the save holds one host copy of this process's state until written, and
+the next step runs at once. With `host_bytes`, the shards are copied and written a batch at a
+time after the call returns: the host holds at most that many bytes of copies, and a step
+that would donate (write in place) an array not yet copied waits for the save first
+(runtime/pending_reads.py). A load restores each placed tensor straight into the sharding the
+model has now (another mesh, another plan, another process count than the save's) and makes
+that array its only copy (`device_state.put`); an unplaced tensor is read to the host and
+copied in.
 
 Why orbax-checkpoint and not torch.distributed.checkpoint: our device state is jax arrays with
 shardings, which orbax writes as they are (each process its addressable shards, through
@@ -29,12 +34,14 @@ Layout: an orbax composite checkpoint of three items: `model` (state_dict names 
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 
 import torch
 
 from tpu_inductor.exc import CheckpointError
-from tpu_inductor.runtime import devices, transfer
+from tpu_inductor.runtime import devices, pending_reads, transfer
 from tpu_inductor.runtime.host_sync import host_sync
 from tpu_inductor.sharding import shard as placements
 from tpu_inductor.state import device_state
@@ -46,39 +53,63 @@ class SaveHandle:
     """A save under way: `wait()` returns once every process's files are written and the
     checkpoint is committed (it raises the save's error, if any)."""
 
-    def __init__(self, checkpointer, path: str):
-        self._checkpointer, self.path = checkpointer, path
+    def __init__(self, checkpointer, path: str, held: list):
+        self._checkpointer, self.path, self._held = checkpointer, path, held
 
     def wait(self) -> None:
         """Block until the save is committed."""
         if self._checkpointer is not None:
             checkpointer, self._checkpointer = self._checkpointer, None
-            checkpointer.wait_until_finished()
-            checkpointer.close()
+            try:
+                checkpointer.wait_until_finished()
+                checkpointer.close()
+            finally:
+                pending_reads.release(self._held)
 
 
-def save_checkpoint(path, model=None, optimizer=None, *, asynchronous: bool = True) -> SaveHandle:
+def save_checkpoint(
+    path, model=None, optimizer=None, *, asynchronous: bool = True, host_bytes: int | None = None
+) -> SaveHandle:
     """Save `model`'s state_dict and `optimizer`'s state (by the model's parameter names, else
     "group.position") to the new directory `path` without gathering: each process writes the
-    shards it holds (every process calls it). `asynchronous`: returns once the values are
-    copied off the devices, the files written in a thread; `.wait()` on the handle before the
-    process ends or the checkpoint is read. The next step may run right after the call."""
+    shards it holds (every process calls it). `asynchronous`: the files are written in a
+    thread; `.wait()` on the handle before the process ends or the checkpoint is read.
+
+    `host_bytes` bounds the host memory a save takes. None: every shard this process holds is
+    copied to the host before the call returns (one host copy of its state until written), so
+    the next step runs at once. A number (bytes, per process): the shards are copied and
+    written a batch of at most that many bytes at a time, after the call returns; a step that
+    writes in place an array not yet copied waits for the save first."""
+    import numpy as np
     import orbax.checkpoint as ocp
 
     path = os.path.abspath(os.fspath(path))
     if os.path.exists(path):
         where = "save to a new directory (e.g. one per step) or remove it first"
         raise CheckpointError(f"tpu_inductor.save_checkpoint: {path} exists already; {where}.")
+    if host_bytes is not None and (not isinstance(host_bytes, int) or host_bytes <= 0):
+        raise CheckpointError(
+            f"tpu_inductor.save_checkpoint: host_bytes={host_bytes!r}; give a positive number "
+            "of bytes (e.g. a tenth of the state: shards are copied to the host that many "
+            "bytes at a time) or None (one host copy of the state, the fastest)."
+        )
     parts, names = _parts(model, optimizer)
     meta = {"format": FORMAT, "param_groups": _groups(optimizer, names)}
-    items = {"meta": ocp.args.JsonSave(meta)}
+    items, held = {"meta": ocp.args.JsonSave(meta)}, []
     for part, tensors in parts.items():
         if tensors:  # (orbax writes no empty tree: a fresh optimizer has no state yet)
-            tree = ocp.tree.from_flat_dict({k: _saved(t) for k, t in tensors.items()}, sep="/")
-            items[part] = ocp.args.PyTreeSave(tree)
-    checkpointer = ocp.AsyncCheckpointer(_handler())
-    checkpointer.save(path, args=ocp.args.Composite(**items))
-    handle = SaveHandle(checkpointer, path)
+            values = {k: _saved(t) for k, t in tensors.items()}
+            held += [v for v in values.values() if not isinstance(v, np.ndarray)]
+            items[part] = ocp.args.PyTreeSave(ocp.tree.from_flat_dict(values, sep="/"))
+    checkpointer = ocp.AsyncCheckpointer(_handler(host_bytes))
+    handle = SaveHandle(checkpointer, path, held if host_bytes is not None else [])
+    if host_bytes is not None:  # (before the save starts: its batches run in a thread)
+        pending_reads.hold(held, handle.wait)
+    try:
+        checkpointer.save(path, args=ocp.args.Composite(**items))
+    except BaseException:
+        pending_reads.release(held)
+        raise
     if not asynchronous:
         handle.wait()
     return handle
@@ -121,12 +152,68 @@ def load_checkpoint(path, model=None, optimizer=None) -> None:
         _set_groups(optimizer, meta["param_groups"], path)
 
 
-def _handler():
-    """The handler of our three items (named, so a new process reads their metadata)."""
+def _handler(host_bytes: int | None = None):
+    """The handler of our three items (named, so a new process reads their metadata); with
+    `host_bytes`, one that copies device arrays to the host in batches of that many bytes."""
     import orbax.checkpoint as ocp
 
-    trees = {part: ocp.PyTreeCheckpointHandler() for part in ("model", "optimizer")}
+    budget = {}
+    if host_bytes is not None:
+        budget = {
+            "save_device_host_concurrent_gb": host_bytes / 1e9,
+            "type_handler_registry": _batched_registry(),
+        }
+    trees = {part: ocp.PyTreeCheckpointHandler(**budget) for part in ("model", "optimizer")}
     return ocp.CompositeCheckpointHandler(**trees, meta=ocp.JsonCheckpointHandler())
+
+
+def _batched_registry():
+    """Orbax's handlers of our saved types, device arrays transferred after `save` returns,
+    in batches under the device-to-host budget (orbax: "deprioritized" keys)."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    try:  # (the priority enum is not exported by orbax; its callback protocol is documented)
+        from orbax.checkpoint._src.serialization.types import TransferPriority
+    except ImportError as error:
+        raise CheckpointError(
+            "tpu_inductor.save_checkpoint(host_bytes=...) needs orbax-checkpoint's "
+            f"device-to-host budget (0.12.8 has it): {error}. Upgrade orbax-checkpoint or "
+            "save with host_bytes=None."
+        ) from error
+
+    class _Later:
+        def key_priority(self, keypath):
+            return TransferPriority.ASYNCHRONOUS_DEPRIORITIZED
+
+        def on_transfer_start(self, keypath):
+            pass
+
+        def on_transfer_end(self, keypath):
+            pass
+
+        def on_write_end(self, keypath):
+            _trim_heap()  # (the batch's host copies, freed, go back to the system)
+
+    array = ocp.type_handlers.ArrayHandler(callback=_Later())
+    numpy = ocp.type_handlers.NumpyHandler()
+    return ocp.type_handlers.create_type_handler_registry((jax.Array, array), (np.ndarray, numpy))
+
+
+def _trim_heap() -> None:
+    """Give the C heap's free memory back to the system (glibc keeps freed blocks in its
+    per-thread arenas: the host copies of a save's batches would add up in the process's
+    resident memory though each was freed); nothing where the C library is not glibc."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    libc = ctypes.CDLL(None)
+    return getattr(libc, "malloc_trim", None)
 
 
 def _parts(model, optimizer) -> tuple[dict[str, dict[str, torch.Tensor]], dict[int, str]]:
