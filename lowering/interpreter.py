@@ -50,11 +50,14 @@ class LoweringContext:
         x64: str,
         rng: Callable[[int], Any] | None,
         choices: collections.Counter | None = None,
+        interpret_kernels: bool = False,
     ):
         self.node = node
         self.x64 = x64
         self._rng = rng
         self._choices = choices
+        # Pallas kernels run in interpret mode: a TPU's rules executed on this host (tests)
+        self.interpret_kernels = interpret_kernels
 
     def chose(self, what: str) -> None:
         """Count a choice the rule made (a kernel, or a fallback and why): the lowered module's
@@ -163,10 +166,20 @@ def op_name(target) -> str:
 class GraphRunner:
     """Evaluates `gm` on jax values; records what the caller needs to rebuild torch outputs."""
 
-    def __init__(self, gm: torch.fx.GraphModule, *, x64: str, platform: str | None = None):
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        *,
+        x64: str,
+        platform: str | None = None,
+        interpret_kernels: bool = False,
+    ):
+        """`platform`: whose rules lower the graph; `interpret_kernels`: their Pallas kernels in
+        interpret mode, so that a TPU's lowering runs (and is checked) on any host."""
         self.gm = gm
         self.x64 = x64
         self.platform = platform
+        self.interpret_kernels = interpret_kernels
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.uses_rng = any(
             (rule := _rule_of(n, platform)) is not None and rule.uses_rng for n in gm.graph.nodes
@@ -242,7 +255,7 @@ class GraphRunner:
         try:
             with jax.named_scope(node.name):
                 if rule.needs_ctx:
-                    ctx = LoweringContext(node, self.x64, rng, self.choices)
+                    ctx = LoweringContext(node, self.x64, rng, self.choices, self.interpret_kernels)
                     result = rule.fn(ctx, *args, **kwargs)
                 else:
                     result = rule.fn(*args, **kwargs)

@@ -7,16 +7,18 @@ XLA form elsewhere, naming why:
 
 - `tpu`: the Splash attention Pallas kernel (`jax.experimental.pallas.ops.tpu.
   splash_attention`, one `tpu_custom_call` per call) when q's and K/V's leading dims agree, the
-  dtype is float32 or bfloat16, the head dim (of q, k and v alike) is a multiple of the 128
-  lanes (jax 0.10's kernel pads smaller ones itself, jax-ml/jax#30861, and agrees with eager
-  at 64 and 32 in interpret mode; they stay on the XLA form until a TPU has compiled them),
-  both lengths are multiples of 128 (blocks of 512, 256 or 128 that divide them), and the mask
-  is one the kernel builds itself: none, or a causal diagonal d >= 0 (its `CausalMask` offset;
-  decode steps included). A mask tensor (padding, additive bias) is not. Grouped-query and
-  multi-query attention (the op's q heads are a multiple of K/V's) read K/V unrepeated: the
-  kernel maps each query head to its K/V head. The kernel applies no scale: q is scaled first,
-  in float32. The backward is the kernel's own VJP (its dq and dkv kernels) taken through a
-  recomputed forward: the kernel's backward that takes saved residuals is private to jax.
+  dtype is float32 or bfloat16, both lengths are multiples of 128 (blocks of 512, 256 or 128
+  that divide them), and the mask is one the kernel takes: none, a causal diagonal d >= 0 (its
+  `CausalMask` offset; decode steps included), and/or a bool mask over keys alone
+  ([..., 1, 1, S]: a padding mask, as fuse_attention leaves it) as the kernel's segment ids
+  (kept keys 0, dropped 1; a query whose row keeps no key reads the dropped ones, since the
+  kernel takes no empty row, and its results are replaced by the op's). Any other mask tensor
+  (an additive bias, a mask with a query dim) is not. Head dims under the 128 lanes the kernel
+  pads itself (jax-ml/jax#30861). Grouped-query and multi-query attention (the op's q heads
+  a multiple of K/V's) read K/V unrepeated: the kernel maps each query head to its K/V head.
+  The kernel applies no scale: q is scaled first, in float32, and rounded to its dtype. The
+  backward is the kernel's own VJP (its dq and dkv kernels) taken through a recomputed
+  forward: the kernel's backward that takes saved residuals is private to jax.
 - `cuda`: cuDNN's fused attention through `jax.nn.dot_product_attention(implementation=
   "cudnn")` (its BTNH layout, so q/k/v are transposed in and out) for float16/bfloat16,
   [B, H, L, D] attention, full or causal (no decode diagonal, no mask tensor: cuDNN would take
@@ -31,8 +33,9 @@ Every choice is counted, per lowering in `LoweredModule.kernel_choices` (through
 in `counters` (like `passes.pipeline.counters`), and logged at INFO: keys `"<platform>.<kernel>"`
 for a kernel chosen, `"<platform>.xla: <reason>"` for a fallback. That is how many attentions a
 lowering runs as kernels (its StableHLO undercounts them: jax emits one function per distinct
-kernel, called once per layer). `splash_attention(..., interpret=True)` is the same kernel in
-Pallas interpret mode, which runs on any host (the tests check its numerics against eager torch).
+kernel, called once per layer). With `LoweringContext.interpret_kernels` the same rules call
+the kernel in Pallas interpret mode, which runs on any host: the tests run the TPU's lowering
+on the CPU and check its numbers against eager torch.
 """
 
 from __future__ import annotations
@@ -77,16 +80,43 @@ def splash_refusal(q, k, v, mask, causal_diagonal) -> str | None:
         return f"q {q.shape} and k {k.shape} have no common leading dims before [H, L, D]"
     if q.dtype not in _SPLASH_DTYPES:
         return f"dtype {q.dtype} (the kernel takes float32 and bfloat16)"
-    if mask is not None:
-        return f"a {mask.dtype} mask tensor (the kernel builds only full and causal masks)"
+    if mask is not None and _kept_keys(q, mask) is None:
+        return (
+            f"a {mask.dtype} mask tensor of shape {tuple(mask.shape)} (the kernel takes a bool "
+            "mask over keys alone, [..., 1, 1, S], as segment ids)"
+        )
     if causal_diagonal is not None and causal_diagonal < 0:
         return f"causal diagonal {causal_diagonal} leaves rows without keys"
-    length, dim, count = q.shape[-2], q.shape[-1], k.shape[-2]
-    if dim % LANES or v.shape[-1] % LANES:
-        return f"head dims {dim}/{v.shape[-1]} are not multiples of {LANES}"
+    length, count = q.shape[-2], k.shape[-2]
     if length % LANES or count % LANES:
         return f"lengths {length}/{count} are not multiples of the {LANES}-wide blocks"
     return None
+
+
+def _kept_keys(q, mask):
+    """A bool `mask` that reads keys alone ([..., 1, 1, S], leading dims broadcasting to q's)
+    as the keys kept, broadcast to [*q's leading dims, S]; None for any other mask."""
+    shape = (1,) * (q.ndim - mask.ndim) + tuple(mask.shape)
+    if mask.dtype != jnp.bool_ or len(shape) != q.ndim or shape[-3:-1] != (1, 1):
+        return None
+    if any(m not in (1, d) for m, d in zip(shape[:-3], q.shape[:-3])):
+        return None
+    return jnp.broadcast_to(mask.reshape(shape[:-3] + shape[-1:]), (*q.shape[:-3], shape[-1]))
+
+
+def _segments(keep, length, causal_diagonal):
+    """Splash's segment ids for kept keys [N, S] (a key attends where the ids are equal): kept
+    keys 0, dropped 1; queries 0, but a query whose row keeps no key 1 (the kernel's softmax
+    takes no empty row: so it reads dropped keys, which exist there, and its results are
+    replaced after). Returns (the ids, the empty rows [N, L])."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+    count = keep.shape[-1]
+    first = jnp.where(jnp.any(keep, -1), jnp.argmax(keep, -1), count)  # the first kept key
+    last = jnp.arange(length) + (count if causal_diagonal is None else causal_diagonal)
+    empty = first[:, None] > last[None, :]
+    ids = splash.SegmentIds(q=empty.astype(jnp.int32), kv=(~keep).astype(jnp.int32))
+    return ids, empty
 
 
 def _block(size: int) -> int:
@@ -115,38 +145,51 @@ def _splash_kernel(heads, length, count, causal_diagonal, residuals, interpret):
         block_q_dq=bq,
         block_kv_dq=bkv,
     )
-    return splash.make_splash_mha_single_device(
-        splash.MultiHeadMask([one] * heads),
-        block_sizes=blocks,
-        save_residuals=residuals,
-        interpret=interpret,
-    )
+    with jax.ensure_compile_time_eval():  # its mask tables are constants, not a trace's values
+        return splash.make_splash_mha_single_device(
+            splash.MultiHeadMask([one] * heads),
+            block_sizes=blocks,
+            save_residuals=residuals,
+            interpret=interpret,
+        )
 
 
-def splash_attention(q, k, v, scale, causal_diagonal, *, residuals=True, interpret=False):
+def splash_attention(
+    q, k, v, scale, causal_diagonal, mask=None, *, residuals=True, interpret=False, empty=0.0
+):
     """The op's attention by the Splash kernel: (out, logsumexp) for q [..., H, L, D], k and
-    v [..., Hkv, S, D] (`splash_refusal` None), or out alone with `residuals=False` (the form
-    the kernel differentiates). `interpret`: Pallas interpret mode (any host)."""
+    v [..., Hkv, S, D] and a mask over keys alone or None (`splash_refusal` None), or out
+    alone with `residuals=False` (the form the kernel differentiates). A row that keeps no
+    key gives `empty` and logsumexp 0. `interpret`: Pallas interpret mode (any host)."""
     heads, length, _ = q.shape[-3:]
-    lead = q.shape[:-3]
+    lead, count = q.shape[:-3], k.shape[-2]
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     scaled = (q.astype(jnp.float32) * scale).astype(q.dtype)  # the kernel applies no scale
     flat = [t.reshape(-1, *t.shape[-3:]) for t in (scaled, k, v)]
     with x64_scope("narrow"):  # the kernel's index arithmetic mixes int32 with default ints
-        kernel = _splash_kernel(heads, length, k.shape[-2], causal_diagonal, residuals, interpret)
-        result = jax.vmap(kernel)(*flat)
-    if not residuals:
-        return result.reshape(*lead, *result.shape[1:])
-    out, (lse,) = result
-    return out.reshape(*lead, *out.shape[1:]), lse.reshape(*lead, *lse.shape[1:])
+        kernel = _splash_kernel(heads, length, count, causal_diagonal, residuals, interpret)
+        if mask is None:
+            result, rows = jax.vmap(kernel)(*flat), None
+        else:
+            keep = _kept_keys(q, mask).reshape(-1, count)
+            ids, rows = _segments(keep, length, causal_diagonal)
+            result = jax.vmap(lambda q, k, v, i: kernel(q, k, v, segment_ids=i))(*flat, ids)
+    out, lse = (result, None) if not residuals else (result[0], result[1][0])
+    if rows is not None:
+        rows = rows[:, None, :]  # [N, 1, L]: every head
+        out = jnp.where(rows[..., None], jnp.asarray(empty, out.dtype), out)
+        lse = None if lse is None else jnp.where(rows, 0.0, lse)
+    out = out.reshape(*lead, *out.shape[1:])
+    return out if lse is None else (out, lse.reshape(*lead, *lse.shape[1:]))
 
 
-def splash_attention_grads(grad, q, k, v, scale, causal_diagonal, *, interpret=False):
+def splash_attention_grads(grad, q, k, v, scale, causal_diagonal, mask=None, *, interpret=False):
     """(dq, dk, dv) by the Splash kernel's own VJP (its dq and dkv kernels)."""
     fwd = functools.partial(
         splash_attention,
         scale=scale,
         causal_diagonal=causal_diagonal,
+        mask=mask,
         residuals=False,
         interpret=interpret,
     )
@@ -159,7 +202,12 @@ def splash_attention_grads(grad, q, k, v, scale, causal_diagonal, *, interpret=F
 def attention_tpu(ctx, q, k, v, mask, scale, causal_diagonal=None, empty_rows_nan=False):
     if not _count(ctx, "tpu", "splash", splash_refusal(q, k, v, mask, causal_diagonal)):
         return xla_form.attention(ctx, q, k, v, mask, scale, causal_diagonal, empty_rows_nan)
-    return _results(ctx, splash_attention(q, k, v, scale, causal_diagonal))
+    empty = jnp.nan if empty_rows_nan else 0.0
+    interpret = ctx.interpret_kernels
+    result = splash_attention(
+        q, k, v, scale, causal_diagonal, mask, interpret=interpret, empty=empty
+    )
+    return _results(ctx, result)
 
 
 @register_lowering(ours.attention_backward.default, platform="tpu", needs_ctx=True)
@@ -168,7 +216,10 @@ def attention_backward_tpu(ctx, grad, q, k, v, out, lse, mask, scale, causal_dia
         return xla_form.attention_backward(
             ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal
         )
-    return _results(ctx, splash_attention_grads(grad, q, k, v, scale, causal_diagonal))
+    grads = splash_attention_grads(
+        grad, q, k, v, scale, causal_diagonal, mask, interpret=ctx.interpret_kernels
+    )
+    return _results(ctx, grads)
 
 
 def cudnn_refusal(q, k, v, mask, causal_diagonal) -> str | None:

@@ -59,15 +59,23 @@ def _lowered_choices(platform, args, mask=None, diagonal=None):
 
 
 @pytest.mark.parametrize(
-    "kv_heads, length, count, diagonal",
-    [(2, 256, 256, 0), (1, 128, 256, 128), (4, 256, 384, None)],
-    ids=["gqa_causal", "mqa_decode_diagonal", "mha_full"],
+    "kv_heads, length, count, diagonal, dim, keys",
+    [
+        (2, 256, 256, 0, 128, False),
+        (1, 128, 256, 128, 128, False),
+        (4, 256, 384, None, 128, False),
+        (4, 256, 256, None, 64, True),
+    ],
+    ids=["gqa_causal", "mqa_decode_diagonal", "mha_full", "head_dim_64_key_mask"],
 )
-def test_tpu_lowering_calls_splash(kv_heads, length, count, diagonal):
+def test_tpu_lowering_calls_splash(kv_heads, length, count, diagonal, dim, keys):
     """Forward and backward each become the kernel: one call forward; backward, the kernel's
-    VJP (the forward again, its dq and dkv kernels)."""
-    args = _inputs(4, kv_heads, length, count, 128)
-    text, choices = _lowered_choices("tpu", args, diagonal=diagonal)
+    VJP (the forward again, its dq and dkv kernels). A bool mask over keys alone is the
+    kernel's segment ids; a head dim under 128 the kernel pads itself (numbers:
+    test_attention_interpret.py)."""
+    args = _inputs(4, kv_heads, length, count, dim)
+    mask = torch.rand(1, 1, 1, count) < 0.9 if keys else None
+    text, choices = _lowered_choices("tpu", args, mask, diagonal)
     assert choices == {"tpu.splash": 2}
     assert text.count("tpu_custom_call") == 4
 
@@ -129,7 +137,6 @@ def test_splash_numerics_bfloat16():
 @pytest.mark.parametrize(
     "shape, dtype, mask, diagonal, reason",
     [
-        ((4, 2, 256, 256, 64), torch.float32, None, 0, "head dims 64/64 are not multiples of 128"),
         ((4, 2, 200, 200, 128), torch.float32, None, 0, "lengths 200/200 are not multiples"),
         ((4, 2, 1, 256, 128), torch.float32, None, 255, "lengths 1/256 are not multiples"),
         ((4, 2, 128, 128, 128), torch.float16, None, 0, "dtype float16"),
@@ -137,7 +144,6 @@ def test_splash_numerics_bfloat16():
         ((4, 2, 128, 128, 128), torch.float32, "bool", None, "a bool mask tensor"),
     ],
     ids=[
-        "head_dim_64",
         "length_200",
         "decode_one_query",
         "float16",
