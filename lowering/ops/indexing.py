@@ -7,6 +7,12 @@ eager torch. Assigning through a mask (`x[mask] = v`) keeps the shape of `x` and
 select when `v` does not depend on how many elements the mask selects.
 
 Out-of-range indices are not checked (torch raises; here they are clamped or wrapped).
+
+Scatters that add (index_put and put with accumulate, index_add, scatter_add, scatter_reduce's
+sum and mean) accumulate 16-bit floats in float32 and round once, as eager's CUDA kernels do
+(eager CPU's index_add and scatter_add too; its index_put rounds after every add): a weight
+gradient gathered from many rows (an MoE's `weight[expert_ids]`, a gather's backward) would
+otherwise lose a bit per duplicate.
 """
 
 from __future__ import annotations
@@ -23,6 +29,12 @@ from .common import cast
 aten = ops.aten
 
 _MASK_DTYPES = (torch.bool, torch.uint8)
+
+
+def _add_at(x, where, values):
+    """`x.at[where].add(values)` in `x`'s accumulation dtype, rounded once to `x`'s dtype."""
+    acc = common.accumulation_dtype(x.dtype)
+    return x.astype(acc).at[where].add(values.astype(acc)).astype(x.dtype)
 
 
 def _index_vals(node: torch.fx.Node) -> list:
@@ -80,8 +92,8 @@ def _index_put_supported(node: torch.fx.Node) -> bool:
 def index_put(ctx, x, indices, values, accumulate=False):
     values = cast(values, x.dtype)
     if _no_mask(ctx.node):
-        at = x.at[_integer_index(x, indices)]
-        return at.add(values) if accumulate else at.set(values)
+        where = _integer_index(x, indices)
+        return _add_at(x, where, values) if accumulate else x.at[where].set(values)
     position, mask_rank = _mask_put_layout(ctx.node)
     mask = indices[position].astype(jnp.bool_)
     trailing = x.ndim - position - mask_rank
@@ -118,7 +130,7 @@ def index_select(ctx, x, d, index):
 @register_lowering(aten.index_add.default)
 def index_add(x, d, index, source, *, alpha=1):
     source = cast(source if alpha == 1 else source * alpha, x.dtype)
-    return _on_1d(lambda v, i, s: v.at[_along(v, d, i)].add(s), x, index, source)
+    return _on_1d(lambda v, i, s: _add_at(v, _along(v, d, i), s), x, index, source)
 
 
 @register_lowering(aten.index_copy.default)
@@ -159,8 +171,6 @@ def gather(x, d, index, *, sparse_grad=False):
 
 _SCATTER_OPS = {
     None: lambda at, v: at.set(v),
-    "add": lambda at, v: at.add(v),
-    "sum": lambda at, v: at.add(v),
     "multiply": lambda at, v: at.multiply(v),
     "prod": lambda at, v: at.multiply(v),
     "amax": lambda at, v: at.max(v),
@@ -170,7 +180,10 @@ _SCATTER_OPS = {
 
 def _scatter(x, d, index, src, reduce=None):
     def run(v, i, s):
-        return _SCATTER_OPS[reduce](v.at[_grid(i, d)], _scatter_source(s, i, v.dtype))
+        source = _scatter_source(s, i, v.dtype)
+        if reduce in ("add", "sum"):
+            return _add_at(v, _grid(i, d), source)
+        return _SCATTER_OPS[reduce](v.at[_grid(i, d)], source)
 
     return _on_1d(run, x, index, src)
 
@@ -204,12 +217,15 @@ def scatter_reduce(x, d, index, src, reduce, *, include_self=True):
     base = x if include_self else _scatter(x, d, index, _identity(reduce, x.dtype))
     if reduce != "mean":
         return _scatter(base, d, index, src, reduce)
-    total = _scatter(base, d, index, src, "sum")
+    # the mean of 16-bit floats divides the float32 sum: one rounding
+    acc = common.accumulation_dtype(x.dtype)
+    src = src.astype(acc) if hasattr(src, "astype") else src
+    total = _scatter(base.astype(acc), d, index, src, "sum")
     count = _scatter(jnp.full(x.shape, int(include_self), x.dtype), d, index, 1, "sum")
     count = jnp.maximum(count, jnp.ones((), x.dtype))
     if jnp.issubdtype(x.dtype, jnp.integer):
         return jnp.floor_divide(total, count)
-    return total / count
+    return (total / count.astype(acc)).astype(x.dtype)
 
 
 @register_lowering(aten.index_reduce.default)
@@ -292,7 +308,7 @@ def put(x, index, source, accumulate=False):
     if not accumulate:
         out = flat.at[index].set(source)
     else:  # a bool sum is an or
-        out = flat.at[index].max(source) if x.dtype == jnp.bool_ else flat.at[index].add(source)
+        out = flat.at[index].max(source) if x.dtype == jnp.bool_ else _add_at(flat, index, source)
     return out.reshape(x.shape)
 
 
