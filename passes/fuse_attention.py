@@ -10,6 +10,8 @@ keys are read as any other mask). Rewrites, each counted in `ctx.rewrites`:
     bmm(softmax(steps(bmm(q, kᵀ))), v), steps from passes/fuse_patterns.py
         -> attention(q, k, v, mask, scale, ...)                             # written_out
     a mask that is a causal tril (passes/fuse_causal.py) -> its diagonal    # causal_mask
+    a padding mask: keys(b) & size-only terms (fuse_causal.key_mask)
+        -> the mask over keys alone [B, 1, 1, S] (and the diagonal)           # key_mask
     K/V repeated for grouped-query attention -> the unrepeated K/V          # gqa_folded
 
 The other SDPA kernels (flash, efficient, cuDNN) take CUDA tensors, which the backend refuses;
@@ -105,6 +107,9 @@ def _sdpa(node: torch.fx.Node, ctx: PassContext) -> None:
         if causal is not None:
             mask = None
             counts.append("causal_mask")
+        elif (found := _key_mask(mask, _keep_when(mask), q, k)) is not None:
+            mask, causal = found
+            counts += ["key_mask", *["causal_mask"] * (causal is not None)]
     if node.target is _FLASH_BACKWARD:  # keeps the repeated K/V: its gradients are theirs
         args = (kw["grad_out"], q, k, v, kw["out"], kw["logsumexp"], mask, scale, causal)
         _replace(node, ours.attention_backward.default, args, counts, ctx)
@@ -117,6 +122,18 @@ def _sdpa(node: torch.fx.Node, ctx: PassContext) -> None:
 def _causal(mask: torch.fx.Node, keep_when: str, q: torch.fx.Node, k: torch.fx.Node):
     queries, keys = q.meta["val"].shape[-2], k.meta["val"].shape[-2]
     return fuse_causal.diagonal(mask, keep_when=keep_when, queries=queries, keys=keys)
+
+
+def _key_mask(mask, keep_when, q, k):
+    """fuse_causal.key_mask at q's and k's lengths: (a mask over keys alone or None, a causal
+    diagonal or None) keeping what `mask` keeps, or None."""
+    queries, keys = q.meta["val"].shape[-2], k.meta["val"].shape[-2]
+    return fuse_causal.key_mask(mask, keep_when=keep_when, queries=queries, keys=keys)
+
+
+def _keep_when(mask: torch.fx.Node) -> str:
+    """How SDPA's `attn_mask` keeps a key: True in a bool mask, 0 in a float bias."""
+    return "true" if mask.meta["val"].dtype == torch.bool else "zero"
 
 
 def _fold_gqa(q, k, v):
@@ -175,13 +192,15 @@ def _written_out(softmax: torch.fx.Node, ctx: PassContext) -> None:
                 scale *= c if step.kind == "scale" else 1 / c
     k = _untransposed(kt)
     for step, got in masks:  # several additive masks (T5: position bias + mask): their sum
-        made = _mask(step, got, softmax, q, k)
+        made = _mask(step, got, softmax, q, k, counts if len(masks) == 1 else None)
         if made is None or (made[1] is not None and causal is not None):
             return
         if made[1] is not None:
             causal = made[1]
             counts.append("causal_mask")
-        elif bias is None:
+        if made[0] is None:
+            continue
+        if bias is None:
             bias = made[0]
         else:
             bias = insert_call(softmax, aten.add.Tensor, (bias, made[0]))
@@ -261,8 +280,10 @@ def _untransposed(kt: torch.fx.Node) -> torch.fx.Node:
     return insert_call(kt.next, aten.permute.default, (kt, swap))
 
 
-def _mask(step, got, softmax, q, k):
-    """(additive float bias or None, causal diagonal or None) of a mask step, or None."""
+def _mask(step, got, softmax, q, k, counts=None):
+    """(additive float bias, bool mask over keys or None; causal diagonal or None) of a mask
+    step, or None. `counts`: the step is the only mask, and may become a mask over keys
+    (fuse_causal.key_mask; a bool one is no term of a sum), its rewrite counted there."""
     m = got["m"]
     if not isinstance(m, torch.fx.Node):
         return None
@@ -270,8 +291,14 @@ def _mask(step, got, softmax, q, k):
         if not m.meta["val"].dtype.is_floating_point:
             return None
         causal = _causal(m, "zero", q, k)
-        return (None, causal) if causal is not None else (m, None)
-    fill = _constant(got["fill"])
+        if causal is not None:
+            return None, causal
+        found = _key_mask(m, "zero", q, k) if counts is not None else None
+        if found is None:
+            return m, None
+        counts.append("key_mask")
+        return found
+    fill = fuse_causal.constant(got["fill"])
     if m.meta["val"].dtype != torch.bool or fill is None:
         return None
     if not (fill == -math.inf or fill <= fuse_causal.DROPPED_FILL):
@@ -279,16 +306,10 @@ def _mask(step, got, softmax, q, k):
     causal = _causal(m, "true" if step.kind == "keep" else "false", q, k)
     if causal is not None:
         return None, causal
+    if counts is not None and step.kind == "keep" and fill == -math.inf:
+        found = _key_mask(m, "true", q, k)
+        if found is not None:
+            counts.append("key_mask")
+            return found
     kept, dropped = (0.0, fill) if step.kind == "keep" else (fill, 0.0)
     return insert_call(softmax, aten.where.Scalar, (m, kept, dropped)), None
-
-
-def _constant(fill) -> float | None:
-    """A fill's value: a number, or a 0-d scalar_tensor / full of one."""
-    if isinstance(fill, (int, float)) and not isinstance(fill, bool):
-        return float(fill)
-    if isinstance(fill, torch.fx.Node) and fill.target is aten.scalar_tensor.default:
-        return float(fill.args[0])
-    if isinstance(fill, torch.fx.Node) and fill.target is aten.full.default and not fill.args[0]:
-        return float(fill.args[1])
-    return None

@@ -9,12 +9,20 @@ queries at the end); every dropped key must be -inf, or a finite fill no score r
 (<= -1e30, HF's finfo.min), so that the flag changes no result. A mask with symbolic sizes, or
 one read from an input (GPT-2's bias buffer is a graph input), is left as a mask: still fused
 and exact, only without the flag.
+
+`key_mask` splits a padding mask the same way: a keep-mask (or its where(keep, 0, -inf) bias)
+that is the and of one term read from the inputs over keys alone ([..., 1, 1, S]: HF's padding
+mask, indexed per batch) and terms computed from sizes alone that are all true or causal
+(HF's `sdpa_mask` ands its query-side `q_idx >= 0` and the causal tril into it) is that
+term and a diagonal: the forms the TPU's Splash kernel takes (segment ids, its causal mask).
 """
 
 from __future__ import annotations
 
 import torch
 
+aten = torch.ops.aten
+_AND = (aten.bitwise_and.Tensor, aten.logical_and.default)
 _LARGEST = 1 << 24  # elements: a mask larger than this is not evaluated
 DROPPED_FILL = -1e30  # a fill at or below this acts as -inf next to any finite score
 
@@ -35,12 +43,82 @@ def diagonal(mask: torch.fx.Node, *, keep_when: str, queries, keys) -> int | Non
         if value.dtype != torch.bool:
             return None
         keep = value if keep_when == "true" else ~value
+    return _tril_diagonal(keep, queries, keys)
+
+
+def _tril_diagonal(keep: torch.Tensor, queries: int, keys: int) -> int | None:
     if keep.dim() < 2 or tuple(keep.shape[-2:]) not in ((queries, keys), (1, keys)):
         return None
     for d in dict.fromkeys((0, keys - queries)):
         tril = torch.ones(queries, keys, dtype=torch.bool).tril(d)
         if d >= 0 and bool(torch.all(keep == tril)):
             return d
+    return None
+
+
+def key_mask(mask: torch.fx.Node, *, keep_when: str, queries, keys):
+    """(a bool mask over keys alone or None, a causal diagonal or None) that keep what `mask`
+    keeps, or None. `keep_when`: "true" (a bool keep-mask) or "zero" (a float bias, read only
+    as where(keep, 0, -inf): a finite fill would differ where a row keeps nothing)."""
+    if not isinstance(queries, int) or not isinstance(keys, int):
+        return None
+    if keep_when == "zero":
+        if mask.target is not aten.where.self or len(mask.args) != 3:
+            return None
+        if constant(mask.args[1]) != 0.0 or constant(mask.args[2]) != -float("inf"):
+            return None
+        mask = mask.args[0]
+    if not isinstance(mask, torch.fx.Node) or _dtype(mask) != torch.bool:
+        return None
+    key, diagonal = None, None
+    for term in _and_terms(mask):
+        value = _evaluate(term)
+        if value is None:
+            if key is not None or not _over_keys(term, keys):
+                return None
+            key = term
+        elif value.dtype != torch.bool:
+            return None
+        elif not bool(value.all()):
+            found = _tril_diagonal(value, queries, keys)
+            if found is None or diagonal is not None:
+                return None
+            diagonal = found
+    return key, diagonal
+
+
+def _and_terms(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The terms `node` ands together, through the expands that broadcast them."""
+    while node.target is aten.expand.default:
+        node = node.args[0]
+    if node.target in _AND and all(isinstance(a, torch.fx.Node) for a in node.args[:2]):
+        return [*_and_terms(node.args[0]), *_and_terms(node.args[1])]
+    return [node]
+
+
+def _over_keys(term: torch.fx.Node, keys: int) -> bool:
+    val = term.meta.get("val")
+    return (
+        isinstance(val, torch.Tensor)
+        and val.dtype == torch.bool
+        and val.dim() >= 3
+        and tuple(val.shape[-3:]) == (1, 1, keys)
+    )
+
+
+def _dtype(node: torch.fx.Node):
+    val = node.meta.get("val")
+    return val.dtype if isinstance(val, torch.Tensor) else None
+
+
+def constant(fill) -> float | None:
+    """A fill's value: a number, or a 0-d scalar_tensor / full of one."""
+    if isinstance(fill, (int, float)) and not isinstance(fill, bool):
+        return float(fill)
+    if isinstance(fill, torch.fx.Node) and fill.target is aten.scalar_tensor.default:
+        return float(fill.args[0])
+    if isinstance(fill, torch.fx.Node) and fill.target is aten.full.default and not fill.args[0]:
+        return float(fill.args[1])
     return None
 
 

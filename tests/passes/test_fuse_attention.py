@@ -297,3 +297,28 @@ def test_op_lowering_keeps_scores_in_float32(tmp_path):
     stablehlo = "".join(p.read_text() for p in tmp_path.rglob("*_stablehlo.mlir"))
     assert "tensor<1x2x10x7xf32>" in stablehlo  # the grouped scores
     assert not re.search(r"tensor<[0-9x]+xf64>", stablehlo)  # (a float64 constant is fine)
+
+
+@pytest.mark.parametrize("name, causal", [("bert", 0), ("llama", 2)])
+def test_padding_mask_becomes_a_mask_over_keys(name, causal):
+    """A Hugging Face padding mask (SDPA attention, the first sequence left-padded): the and of
+    HF's per-batch key mask with its size-only terms becomes the mask over keys alone, its
+    causal tril the flag (the forms the TPU's kernel takes); logits equal the unfused ones."""
+    from tests import hf_zoo
+
+    logits, counts = {}, {}
+    for fuse in (True, False):
+        model, kwargs = hf_zoo.build(name)
+        mask = torch.ones_like(kwargs["input_ids"])
+        mask[0, :3] = 0
+        kwargs["attention_mask"] = mask
+        torch._dynamo.reset()
+        before = collections.Counter(pipeline.counters)
+        options = {"cache": False, "fallback": "error", "fusion": {"attention": fuse}}
+        with torch.no_grad():
+            compiled = torch.compile(model, backend="tpu_inductor", options=options)
+            logits[fuse] = compiled(**kwargs).logits
+        counts[fuse] = _rewrites_since(before)
+    assert counts[True].get("key_mask") == 2, counts[True]
+    assert counts[True].get("causal_mask", 0) == causal, counts[True]
+    assert_same(logits[True], logits[False], rtol=1e-6, atol=1e-6)
