@@ -37,3 +37,7 @@ class PassContext:
     # Rewrites of this run, "<pass>.<what>" → count (and of the running pass, by `what`).
     counters: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     rewrites: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def __post_init__(self):
+        # the fusions left unset take the platform's defaults (config.FusionOptions.on)
+        self.options = self.options.on_platform(self.platform)

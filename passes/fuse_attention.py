@@ -87,6 +87,9 @@ def _replace(old: torch.fx.Node, target, args, counts, ctx: PassContext) -> None
             if user.target is operator.getitem:
                 user.meta["val"] = new.meta["val"][user.args[1]]
                 keep_layout(user, was[user.args[1]])
+    # SDPA's dropout tags it nondeterministic, so eliminate_dead_code would keep it (and its
+    # sequence x sequence scores in the module) once its results are read from the op
+    old.graph.erase_node(old)
     for what in counts:
         ctx.rewrites[what] += 1
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tpu_inductor.passes import pipeline
 
-from tpu_inductor.config import Options
+from tpu_inductor.config import FUSION_DEFAULTS, Options
 from tpu_inductor.debug import report
 from tpu_inductor.exc import OptionError
 
@@ -65,10 +65,15 @@ def assert_dumped_rewrite(tmp_path, option: str, rewrites: dict, added: tuple, r
 
 
 def assert_option_validated_and_keyed(option: str):
-    """`fusion.<option>` is off by default, refuses a non-bool, and is in the cache key."""
-    off, on = Options.from_user({}), Options.from_user({"fusion": {option: True}})
+    """`fusion.<option>` left unset is the platform's default (off on the CPU, as
+    FUSION_DEFAULTS says elsewhere), refuses a non-bool, and is in the cache key."""
+    unset, on = Options.from_user({}), Options.from_user({"fusion": {option: True}})
+    off = unset.on_platform("cpu")
+    assert getattr(unset.fusion, option) is None and getattr(off.fusion, option) is False
     assert pipeline.identity(on) != pipeline.identity(off)
     assert on.cache_key_entries() != off.cache_key_entries()
-    assert getattr(off.fusion, option) is False
+    for platform, defaults in FUSION_DEFAULTS.items():
+        assert getattr(unset.on_platform(platform).fusion, option) is defaults[option]
+        assert getattr(on.on_platform(platform).fusion, option) is True
     with pytest.raises(OptionError, match=option):
         Options.from_user({"fusion": {option: "yes"}})

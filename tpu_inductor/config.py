@@ -70,22 +70,41 @@ class FusionOptions:
 
     `attention`: SDPA kernels and written-out attention (matmul, scale, mask, softmax, matmul)
     become one `tpu_inductor::attention` op; masks built as a causal tril become its causal
-    flag, K/V repeated for grouped-query attention are read unrepeated. `matmuls`: matmuls
-    that share an input become one against the others concatenated, its result split.
-    `norms`: a written-out RMSNorm or LayerNorm becomes one `tpu_inductor::norm` op,
-    accumulating in float32 for 16-bit inputs.
+    flag, a padding mask a mask over keys alone, K/V repeated for grouped-query attention are
+    read unrepeated. `matmuls`: matmuls that share an input become one against the others
+    concatenated, its result split. `norms`: a written-out RMSNorm or LayerNorm becomes one
+    `tpu_inductor::norm` op, accumulating in float32 for 16-bit inputs.
+
+    A fusion left unset (None) takes the default of the platform compiled for
+    (`FUSION_DEFAULTS`, resolved by `on`); one given, True or False, holds on every platform.
     """
 
-    # off: on XLA:CPU the fused forms are no faster (docs/performance.md, "Fusion options";
-    # figures in docs/benchmarks.md). On once the TPU lowering is Splash attention
-    attention: bool = False
-    # matmuls sharing an input (Q/K/V, gate/up; their weights' gradients) → one matmul against
-    # the weights concatenated (at inference once per parameter version), split after
-    # (passes/fuse_matmuls.py). Off: within the noise on the CPU (docs/performance.md)
-    matmuls: bool = False
-    # written-out RMSNorm / LayerNorm → one op (passes/fuse_norms.py). Off: XLA fuses the
-    # unfused chain as well on the CPU (docs/performance.md); its value is one op for the TPU
-    norms: bool = False
+    attention: bool | None = None
+    matmuls: bool | None = None
+    norms: bool | None = None
+
+    def on(self, platform: str) -> FusionOptions:
+        """These options on `platform` ("cpu", "cuda", "tpu"): each unset one its default."""
+        defaults = FUSION_DEFAULTS.get(platform, FUSION_DEFAULTS["cpu"])
+        return FusionOptions(
+            **{
+                f.name: defaults[f.name] if getattr(self, f.name) is None else getattr(self, f.name)
+                for f in dataclasses.fields(self)
+            }
+        )
+
+
+# What each fusion defaults to on each platform (docs/options.md, "Fusion defaults").
+FUSION_DEFAULTS: dict[str, dict[str, bool]] = {
+    # all off: on XLA:CPU the fused forms are no faster (docs/performance.md, "Fusion options")
+    "cpu": {"attention": False, "matmuls": False, "norms": False},
+    # attention: the Splash kernel (lowering/ops/attention_kernels.py); matmuls: one wider
+    # matmul for the MXU in place of Q/K/V's and gate/up's; norms: no kernel behind the op
+    # on the TPU (its XLA form is the unfused chain's), so off
+    "tpu": {"attention": True, "matmuls": True, "norms": False},
+    # attention: cuDNN's fused attention (16-bit inputs)
+    "cuda": {"attention": True, "matmuls": False, "norms": False},
+}
 
 
 # torch.compile's modes, all accepted; on XLA they compile the same program. "reduce-overhead"
@@ -137,7 +156,8 @@ class Options:
     cache_max_mb: int = _knob(2048, in_key=False)
     # Symbolic sizes: the shape policy and how many concrete-size compiles a graph keeps.
     shapes: ShapeOptions = ShapeOptions()
-    # Fusion passes, each switchable (passes/fuse_attention.py, passes/fuse_matmuls.py).
+    # Fusion passes, each switchable (passes/fuse_attention.py, passes/fuse_matmuls.py); each
+    # left unset takes the default of the platform compiled for (FUSION_DEFAULTS).
     fusion: FusionOptions = FusionOptions()
 
     @classmethod
@@ -167,6 +187,10 @@ class Options:
                 "narrowed. Use x64='keep' with lowering='torch-mlir', or lowering='own' to narrow."
             )
         return options
+
+    def on_platform(self, platform: str) -> Options:
+        """These options for a compile on `platform`: the fusions left unset its defaults."""
+        return dataclasses.replace(self, fusion=self.fusion.on(platform))
 
     def cache_key_entries(self) -> dict[str, Any]:
         """The options that change compiled code (every field not declared `in_key=False`), for
@@ -310,12 +334,16 @@ def _check(f: dataclasses.Field, value: Any, where: _Where) -> Any:
                 f"allowed values: {', '.join(map(repr, choices))}."
             )
         return value
-    if kind == "bool":
+    if kind in ("bool", "bool | None"):
+        if value is None and kind == "bool | None":  # unset: the platform's default
+            return value
         if type(value) is int and value in (0, 1):  # as in the env var: resident_params=0
             return bool(value)
         if not isinstance(value, bool):
             raise OptionError(
-                f"tpu_inductor: {where} must be True or False (or 1 or 0), got {value!r}."
+                f"tpu_inductor: {where} must be True or False (or 1 or 0"
+                f"{', or None for the platform default' if kind != 'bool' else ''}), "
+                f"got {value!r}."
             )
         return value
     if kind == "tuple[int, ...]":

@@ -176,8 +176,10 @@ def test_option_is_validated_and_in_the_cache_key():
     from tpu_inductor.exc import OptionError
 
     off, on = Options.from_user({}), Options.from_user({"fusion": {"attention": True}})
-    assert pipeline.identity(on) != pipeline.identity(off)
-    assert off.cache_key_entries()["fusion"]["attention"] is False  # off by default
+    assert pipeline.identity(on) != pipeline.identity(off.on_platform("cpu"))
+    assert off.cache_key_entries()["fusion"]["attention"] is None  # the platform's default
+    assert off.on_platform("cpu").fusion.attention is False  # off on the CPU, on a TPU on
+    assert off.on_platform("tpu").fusion.attention is True
     with pytest.raises(OptionError, match="fusion"):
         Options.from_user({"fusion": {"attention": "yes"}})
     with pytest.raises(OptionError, match="attention"):

@@ -173,6 +173,7 @@ def _hashed(entries: Sequence[tuple[str, Any]]) -> CacheKey | None:
 def context_entries(options: Options, device: devices.Device) -> list[tuple[str, Any]]:
     """Everything besides the graph that changes the binary (see the module docstring)."""
     client = device.client
+    options = options.on_platform(device.lowering_platform)  # the fusions it compiles with
     return [
         *((f"options.{name}", value) for name, value in options.cache_key_entries().items()),
         *((f"pass.{name}", (digest, read)) for name, digest, read in pipeline.identity(options)),
