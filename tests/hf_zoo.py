@@ -34,7 +34,7 @@ LARGE = Size(hidden=128, layers=4, heads=8, seq=64, batch=2)
 
 MODELS = ("gpt2", "bert", "llama", "t5", "vit", "mixtral")
 TRAINABLE = ("gpt2", "bert", "llama")  # the ones the issue asks a training step of
-MOE = ("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss")
+MOE = ("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss", "olmoe", "qwen2_moe")
 
 
 def _decoder_kwargs(s: Size) -> dict:
@@ -118,12 +118,21 @@ def _config(name: str, s: Size):
 
 def _moe_config(tf, name: str, s: Size):
     """Qwen3-MoE, DeepSeek-V3 (a dense first layer, a shared expert, group-limited routing,
-    multi-head latent attention) and GPT-OSS (expert biases, attention sinks: eager attention,
-    sliding-window layers): 4 experts, 2 per token."""
+    multi-head latent attention), GPT-OSS (expert biases, attention sinks: eager attention,
+    sliding-window layers), OLMoE (query/key norms over all heads) and Qwen2-MoE (a gated
+    shared expert): 4 experts, 2 per token."""
     kwargs = dict(**_decoder_kwargs(s), num_experts_per_tok=2, moe_intermediate_size=s.hidden // 2)
     head = s.hidden // s.heads
     if name == "qwen3_moe":
         return tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig(**kwargs, num_experts=4, head_dim=head)
+    if name == "olmoe":
+        kwargs.pop("moe_intermediate_size")
+        kwargs["intermediate_size"] = s.hidden // 2  # OLMoE's experts' width
+        return tf.OlmoeForCausalLM, tf.OlmoeConfig(**kwargs, num_experts=4, eos_token_id=0)
+    if name == "qwen2_moe":
+        return tf.Qwen2MoeForCausalLM, tf.Qwen2MoeConfig(
+            **kwargs, num_experts=4, shared_expert_intermediate_size=s.hidden
+        )
     if name == "deepseek_v3":
         kwargs.update(num_key_value_heads=s.heads, q_lora_rank=None, kv_lora_rank=2 * head)
         return tf.DeepseekV3ForCausalLM, tf.DeepseekV3Config(

@@ -1,0 +1,116 @@
+"""16-bit training as close to float32 as eager's: the one comparison every model test shares.
+
+`bfloat16_step_errors(model, batch, run)` takes one training step of a model three ways, from
+the same bfloat16-rounded weights: eagerly in float32 (the reference), eagerly in bfloat16, and
+compiled in bfloat16 (fallback="error", one Dynamo graph). It returns, for the logits, the loss
+and every parameter's gradient, the relative distance of each bfloat16 run from the reference;
+`assert_as_close_as_eager` holds the compiled one to at most twice eager's plus a floor.
+
+Mixture-of-experts routing is a discrete choice: where two experts' router scores are within a
+bfloat16 rounding of each other, either run may pick the other expert for a token and its
+gradients then differ from float32's by tens of percent, by chance. `decisive_batch` picks the
+first batch (by seed) whose routing no bfloat16-sized perturbation of the weights changes, so a
+distance measures arithmetic, not a coin: every `torch.topk` the float32 model runs is recorded.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from tests.helpers import grads_of
+
+STRICT = {"fallback": "error"}
+FLOOR = 2**-8  # one bfloat16 rounding, relative
+# How far a batch's routing must stay put: weights moved by this much, relative (2 ulps).
+NUDGE = 2**-7
+
+Run = Callable[[Callable, dict], tuple[torch.Tensor, torch.Tensor]]  # (fn, batch) -> logits, loss
+
+
+def hf_run(fn: Callable, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Hugging Face model's logits and loss (the batch carries its labels)."""
+    out = fn(**batch)
+    return out.logits, out.loss
+
+
+def _step(model: torch.nn.Module, fn: Callable, batch: dict, run: Run) -> dict[str, torch.Tensor]:
+    logits, loss = run(fn, batch)
+    return {"logits": logits.detach(), "loss": loss.detach(), **grads_of(model, loss)}
+
+
+def _relative(value: torch.Tensor, exact: torch.Tensor) -> float:
+    exact = exact.double()
+    return ((value.double() - exact).norm() / exact.norm().clamp_min(1e-30)).item()
+
+
+def bfloat16_step_errors(
+    model: torch.nn.Module, batch: dict, run: Run = hf_run
+) -> dict[str, tuple[float, float]]:
+    """name -> (compiled bfloat16's, eager bfloat16's) relative distance from float32, for the
+    logits, the loss and every parameter's gradient of one training step of `model`."""
+    bf16 = copy.deepcopy(model).train().bfloat16()
+    reference, compiled = copy.deepcopy(bf16).float(), copy.deepcopy(bf16)
+    exact = _step(reference, reference, batch, run)
+    eager = _step(bf16, bf16, batch, run)
+    fn = torch.compile(compiled, backend="tpu_inductor", options=STRICT, fullgraph=True)
+    ours = _step(compiled, fn, batch, run)
+    assert ours.keys() == eager.keys() == exact.keys()
+    assert len(exact) == 2 + len(list(model.parameters()))  # every parameter has a gradient
+    return {k: (_relative(ours[k], exact[k]), _relative(eager[k], exact[k])) for k in exact}
+
+
+def assert_as_close_as_eager(errors: dict[str, tuple[float, float]], factor: float = 2.0):
+    """Every compiled distance at most `factor` times eager's plus FLOOR; names the worst."""
+    over = {k: (o, e) for k, (o, e) in errors.items() if o > factor * e + FLOOR}
+    assert not over, f"further from float32 than {factor}x eager bfloat16's + {FLOOR}: {over}"
+
+
+class _TopkRecorder(TorchFunctionMode):
+    """Records the indices (as sorted sets) of every topk run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.picks: list[torch.Tensor] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.topk, torch.Tensor.topk):
+            self.picks.append(out.indices.sort(-1).values)
+        return out
+
+
+def _routing(model: torch.nn.Module, batch: dict, run: Run) -> list[torch.Tensor]:
+    with torch.no_grad(), _TopkRecorder() as recorder:
+        run(model, batch)
+    return recorder.picks
+
+
+def _nudged(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    out, gen = copy.deepcopy(model), torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.mul_(1 + NUDGE * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return out
+
+
+def decisive_batch(
+    model: torch.nn.Module, make: Callable[[int], dict], run: Run = hf_run, tries: int = 64
+) -> dict:
+    """`make(seed)` for the first seed whose routing (every topk of the float32 model with
+    bfloat16-rounded weights) two weight nudges of NUDGE leave unchanged; any batch of a model
+    that routes nothing."""
+    reference = copy.deepcopy(model).bfloat16().float().eval()
+    nudged = [_nudged(reference, seed) for seed in range(2)]
+    for seed in range(tries):
+        batch = make(seed)
+        picks = _routing(reference, batch, run)
+        if all(
+            len(p) == len(picks) and all(map(torch.equal, p, picks))
+            for p in (_routing(m, batch, run) for m in nudged)
+        ):
+            return batch
+    raise AssertionError(f"no batch of {tries} routes the same when the weights move {NUDGE}")
