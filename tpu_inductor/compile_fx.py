@@ -200,9 +200,11 @@ def _compile_whole(
 ):
     """Stages 3-6 of a graph compiled whole (or a region): at its sizes when they are concrete,
     else per signature of the calls (the runtime's size dispatch, or its buckets)."""
-    graph = _graph(
-        gm, options, device, observer, static_inputs, roles=roles, donate=device.holds_copies
-    )
+    # Written buffers go to the executable where the arrays are the devices' own: copies of
+    # the host tensors, or (host_sync="explicit") the zero-copy CPU's, whose state is XLA's
+    # after its first write (an argument still reading torch's memory is copied first).
+    donate = device.holds_copies or options.host_sync == "explicit"
+    graph = _graph(gm, options, device, observer, static_inputs, roles=roles, donate=donate)
     if example_inputs is not None and all(size_dispatch.is_concrete(v) for v in example_inputs):
         return _specialize(graph, example_inputs)
     scalars = shapes.value_only_inputs(gm)

@@ -258,17 +258,23 @@ class CompiledGraph:
 
     def _execute(self, arrays: list, args: list) -> list:
         """Run the executable; one jax array per module result. A donated argument's array is
-        deleted by the call: one that is another tensor's (a DeviceTensor's) is copied first,
-        one a checkpoint save still reads is waited for (pending_reads.py);
-        if the call fails, the mirrors of the donated tensors are dropped (the host tensors,
-        not yet written, are sent again)."""
+        deleted by the call: one that is another tensor's (a DeviceTensor's) or reads a host
+        tensor's memory (the zero-copy CPU's: PJRT deletes a donated array that reads memory
+        it does not own and aborts the process at exit, jaxlib 0.10.2's "terminate called
+        without an active exception") is copied first, one a checkpoint save still
+        reads is waited for (pending_reads.py); if the call fails, the mirrors of the donated
+        tensors are dropped (the host tensors, not yet written, are sent again)."""
         donated = self.plan.donated
         if not donated:
             return self._run(arrays)
         if pending_reads.any_held():
             pending_reads.before_donating([arrays[a.argument] for a in donated])
+        on_cpu, aliases = self._transfer.on_cpu, self._transfer.aliases
         for a in donated:
-            if args[a.position].__class__ is residency.DeviceTensor:
+            arg = args[a.position]
+            if arg.__class__ is residency.DeviceTensor or (
+                on_cpu and aliases(arrays[a.argument], arg)
+            ):
                 arrays[a.argument] = arrays[a.argument].copy()
         try:
             return self._run(arrays)
