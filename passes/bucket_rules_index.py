@@ -35,7 +35,7 @@ def _positions(node) -> tuple[sympy.Expr, int] | None:
     casts and adding an int (a first value that is a size counts as 0: it is >= 0); or None."""
     first = 0
     while isinstance(node, torch.fx.Node) and node.op == "call_function":
-        if node.target in _SAME_VALUES:
+        if node.target in _SAME_VALUES or _whole_slice(node):
             node = node.args[0]
         elif node.target in _ADDS and _plain_int(node.args[1]) and not node.kwargs:
             first, node = first + node.args[1], node.args[0]
@@ -49,6 +49,15 @@ def _positions(node) -> tuple[sympy.Expr, int] | None:
     if step != 1 or first < 0:
         return None
     return size_expr(node.meta["val"].shape[0]), first
+
+
+def _whole_slice(node) -> bool:
+    """x[:] along a dim (x[:, None] of an index tensor): x's values."""
+    if node.target is not aten.slice.Tensor:
+        return False
+    start, end, step = (list(node.args[2:5]) + [None, None, None])[:3]
+    whole = end is None or (isinstance(end, int) and end >= 2**62)
+    return start in (0, None) and whole and step in (1, None)
 
 
 def _plain_int(value) -> bool:
@@ -69,6 +78,9 @@ def _index(b, node):
         if b._padded(layout[dim]):
             if len(layout[dim]) != 1:
                 raise Refused(f"{node.name}: indexing into a merged padded dim")
+            positions = _positions(index)
+            if positions is not None:
+                b.tie(layout[dim][0], positions[0] + positions[1])
             true = b.true_value(layout[dim][0], node)
             wrapped = b.insert(node, aten.add.Tensor, (index, true))
             negative = b.insert(node, aten.lt.Scalar, (index, 0))

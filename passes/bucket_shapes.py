@@ -13,8 +13,9 @@ over the true count. Elementwise ops, views, transposes and layer norm over unpa
 padding where it is; whatever inf/NaN they make there stays there.
 
 A graph the pass cannot prove exact — an op it has no padding rule for reading a padded dim, a
-size it cannot follow (`s + 1`), a symbol's value used as a number, a random op over padding,
-an op the lowering lacks — is left as it was and compiled per exact size; the reason (a
+size it cannot follow (`s + 1`), a symbol's value where an op needs it at compile time (a
+value used as a number is the true size, an input: bucket_values.py), a random op over
+padding, an op the lowering lacks — is left as it was and compiled per exact size; the reason (a
 `Refusal`, read with `layout_of(gm)` as a bucketed graph's `BucketLayout` is) is logged, dumped
 and shown by the recompile explanation.
 
@@ -36,7 +37,9 @@ from typing import Any
 import sympy
 import torch
 
-from .bucket_rules import RULES, VIEWS, Refused, attention, rule_by_tag, size_expr
+from . import bucket_values
+from .bucket_rules import RULES, Refused, attention, rule_by_tag, size_expr
+from .bucket_values import ARANGE, CREATION, NEW, SYM_ARITHMETIC
 from .context import PassContext
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,9 @@ class BucketLayout:
     outputs: tuple  # per output: Layout (tensor to slice), sympy expr (a SymInt), or None
     bounds: dict  # symbol -> the largest bucket the graph allows (None: unbounded)
     keys: dict  # symbol -> a name stable across processes (its source: L['x'].size()[1])
+    # (a, b, k): a dim of size a read at positions 0..b+k-1 (a mask read at the keys'): when
+    # the true sizes say a == b + k, b is padded to a's bucket less k (one bucket, not two)
+    ties: tuple = ()
 
 
 def layout_of(gm: torch.fx.GraphModule) -> BucketLayout | Refusal | None:
@@ -100,13 +106,6 @@ def _input_dims(gm):
             yield from value.shape
 
 
-_CREATION = {aten.full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format}
-_CREATION |= {aten.scalar_tensor.default, aten.empty_strided.default}
-_NEW = {aten.new_zeros.default, aten.new_ones.default, aten.new_full.default}
-_NEW |= {aten.new_empty.default, aten.new_empty_strided.default}
-_ARANGE = {aten.arange.default, aten.arange.start, aten.arange.start_step}
-
-
 class _Bucketing:
     """One analysis and rewrite of a graph; `rewrite()` returns its BucketLayout or raises."""
 
@@ -116,6 +115,7 @@ class _Bucketing:
         self.placeholders = list(gm.graph.find_nodes(op="placeholder"))
         self.symbols: dict[sympy.Symbol, tuple] = {}  # symbol -> its source
         self.bounds: dict[str, int | None] = {}
+        self.ties: set[tuple[str, str, int]] = set()
         self.true_size: dict[sympy.Symbol, torch.fx.Node] = {}
         self.padded_size: dict[sympy.Symbol, torch.fx.Node] = {}
 
@@ -135,7 +135,15 @@ class _Bucketing:
         true_inputs = tuple(str(s) for s in self.true_size)
         keys = {str(s): _source_name(s, self._symint(s)) for s in self.symbols}
         return BucketLayout(
-            names, sources, padded, sizes, true_inputs, outputs, dict(self.bounds), keys
+            names,
+            sources,
+            padded,
+            sizes,
+            true_inputs,
+            outputs,
+            dict(self.bounds),
+            keys,
+            tuple(sorted(self.ties)),
         )
 
     def _find_symbols(self) -> None:
@@ -177,7 +185,7 @@ class _Bucketing:
                 expr = size_expr(value)
                 if expr.free_symbols & set(self.symbols):
                     sizes.append((position, expr))
-                    self._check_size_uses(node)
+                    bucket_values.check_uses(self, node)
         return tuple(padded), tuple(sizes)
 
     def _check_supported(self, node) -> None:
@@ -221,32 +229,17 @@ class _Bucketing:
             isinstance(f, tuple) and self._padded(f) for f in layout
         )
 
-    def _check_size_uses(self, node) -> None:
-        """A symbol's value may only become sizes: compiled at the bucket, a value would be
-        the bucket's, not the true size's."""
-        for user in node.users:
-            if user.op == "output":
-                continue
-            if user.op == "call_function" and user.target in _SYM_ARITHMETIC:
-                self._check_size_uses(user)
-                continue
-            if user.op == "call_function" and _size_argument_only(user, node):
-                continue
-            raise Refused(
-                f"the value of size {node.name} reaches {user.name} ({user.target}), not as a size"
-            )
-
     def _visit(self, node) -> Any:
         target, args = node.target, node.args
         value = node.meta.get("val")
         if target is operator.getitem:
             parent = self.layouts.get(args[0])
             return parent[args[1]] if isinstance(parent, list) else None
-        if target is aten.sym_size.int or target in _SYM_ARITHMETIC:
+        if target is aten.sym_size.int or target in SYM_ARITHMETIC:
             if isinstance(value, torch.SymInt) and size_expr(value).free_symbols & set(
                 self.symbols
             ):
-                self._check_size_uses(node)
+                bucket_values.check_uses(self, node)
             return None
         padded_in = [a for a in node.all_input_nodes if self._has_padding(a)]
         rule = RULES.get(target) or rule_by_tag(target)
@@ -276,8 +269,8 @@ class _Bucketing:
     def _creation(self, node, value) -> Layout:
         """Sizes-only ops (full, arange...) may make padded dims; others of unpadded inputs may
         not (the pass would not know what fills the padding)."""
-        creates = node.target in _CREATION or node.target in _NEW
-        if self._shape_padded(value, node) and not (creates or node.target in _ARANGE):
+        creates = node.target in CREATION or node.target in NEW
+        if self._shape_padded(value, node) and not (creates or node.target in ARANGE):
             raise Refused(
                 f"{node.name} ({node.target}) makes a padded dim from unpadded "
                 "inputs, which the pass cannot follow"
@@ -294,6 +287,12 @@ class _Bucketing:
         """What the graph implies: `symbol` is at most `largest` (its bucket never passes it)."""
         bound = self.bounds.get(str(symbol))
         self.bounds[str(symbol)] = largest if bound is None else min(bound, largest)
+
+    def tie(self, read, positions) -> None:
+        """A padded dim of size `read` (a symbol) is read at positions 0..`positions`-1."""
+        found = self.symbol_of(positions)
+        if read in self.symbols and found is not None and found[0] != read:
+            self.ties.add((str(read), str(found[0]), found[1]))
 
     def fresh_check(self, node, layout) -> Layout:
         for factors in layout:
@@ -508,31 +507,3 @@ def _integer_extreme(dtype, fill):
         return fill > 0
     info = torch.iinfo(dtype)
     return info.max if fill > 0 else info.min
-
-
-_SYM_ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod}
-_SYM_ARITHMETIC |= {torch.sym_max, torch.sym_min}
-
-
-def _size_argument_only(user, node) -> bool:
-    """Whether every occurrence of `node` among `user`'s arguments is a size."""
-    target, args = user.target, list(user.args)
-    if target in VIEWS or target is aten.expand.default or target in _NEW:
-        positions = [1]
-    elif target in _CREATION:
-        positions = [0]
-    elif target is aten.arange.default:
-        positions = [0]
-    elif target in (aten.arange.start, aten.arange.start_step) and args[0] == 0:
-        positions = [1]  # arange(0, n): n is its length
-    elif target is aten.slice.Tensor:
-        positions = [3]
-    elif target is aten.sym_size.int:
-        return True
-    else:
-        return False
-    for i, a in enumerate(args):
-        inside = any(v is node for v in a) if isinstance(a, (list, tuple)) else a is node
-        if inside and i not in positions:
-            return False
-    return not any(node is v for v in user.kwargs.values())

@@ -150,18 +150,6 @@ def test_a_graph_the_pass_cannot_prove_exact_compiles_per_size_and_says_why(capl
     assert "not bucketing" in caplog.text and "sort" in caplog.text
 
 
-def test_a_symbol_used_as_a_value_is_not_bucketed(caplog):
-    def f(x):
-        return x * x.shape[0]  # the bucket's size would be the wrong value
-
-    compiled = _compile(f, {"policy": "pow2", **NAN_PADDING}, dynamic=True)
-    with caplog.at_level(logging.INFO, logger="tpu_inductor.passes.bucket_shapes"):
-        for n in (3, 5):
-            x = torch.randn(n, 4)
-            assert_same(compiled(x), f(x))
-    assert "not bucketing" in caplog.text
-
-
 @pytest.mark.parametrize(
     "shapes, message",
     [

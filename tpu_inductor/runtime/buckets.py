@@ -129,10 +129,19 @@ class BucketDispatch:
             self._plan.observe_call(self._keys, tuple(true[s] for s in symbols))
             policies = self._plan.policies_for(self._keys, self._policy)
         bounds = self._layout.bounds
-        return {
+        buckets = {
             s: max(policy.bucket(true[s], bounds.get(s)), true[s])
             for s, policy in zip(symbols, policies)
         }
+        for read, at, k in self._layout.ties:  # a length and the same length plus k: one bucket
+            shared, length = buckets[read] - k, true[at]  # >= length: buckets[read] >= true[read]
+            if true[read] != length + k:
+                continue
+            for s in symbols:  # and every other symbol of that length (the other caches')
+                bound = bounds.get(s)
+                if true[s] == length and (bound is None or shared <= bound):
+                    buckets[s] = shared
+        return buckets
 
 
 def true_sizes(layout: BucketLayout, args: list) -> dict[str, int]:
