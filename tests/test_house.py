@@ -31,6 +31,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "cache state",
         "partition decompositions",
         "compile_fx",
+        "tune",
         "aot backend bench cli __init__",
     )
 )

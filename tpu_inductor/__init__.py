@@ -17,6 +17,7 @@ __all__ = [
     "memory",
     "no_compiles",
     "precompile",
+    "profile",
     "register_lowering",
     "reset_memory_peak",
     "reset_transfers",
@@ -45,6 +46,8 @@ def __getattr__(name: str):
         return importlib.import_module(".state.materialize", __name__).materialize
     if name in ("save_checkpoint", "load_checkpoint"):  # sharded, without gathering
         return getattr(importlib.import_module(".state.checkpoint", __name__), name)
+    if name == "profile":  # `with tpu_inductor.profile(dir):` a trace and a table per graph
+        return importlib.import_module(".tune.profile", __name__).profile
     if name == "sharding_plans":
         return importlib.import_module(".sharding.plans", __name__)
     if name == "distributed":  # tpu_inductor.distributed.initialize(...): several hosts

@@ -24,6 +24,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "bench.cli",
     "bench.shapes",
     "debug.report",
+    "tune.profile",
 )
 
 

@@ -334,7 +334,7 @@ def _specialize(graph: _Graph, inputs: Sequence[Any], scalars: frozenset[int] = 
             record.inputs,
             error,
         )
-        return eager_graph.EagerGraph(graph.gm, scalars)
+        return eager_graph.EagerGraph(graph.gm, scalars, record.graph)
     static = graph.static_inputs
     return _wrap(found, graph_key, compile_key, device, options, static, graph.roles, record)
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tpu_inductor import lowering
+from tpu_inductor.debug import profiling
 from tpu_inductor.exc import TpuInductorError, UnsupportedOpError
 from tpu_inductor.runtime.host_sync import host_sync
 from tpu_inductor.runtime.size_dispatch import is_concrete, placeholder_values
@@ -132,7 +133,7 @@ def split(
         fused = _lower_rest_with_torch_mlir(fused, options, platform, observer, compile_region)
     fused.recompile()
     log.info("tpu_inductor: compiled %d region(s); the rest runs in eager torch", len(partitions))
-    return _boxed_outputs_list(fused)
+    return _boxed_outputs_list(fused, observer.name)
 
 
 def _eager_nodes(gm: torch.fx.GraphModule, platform: str) -> set[torch.fx.Node]:
@@ -231,10 +232,11 @@ def _lower_rest_with_torch_mlir(fused, options: Options, platform, observer, com
     return fused
 
 
-def _boxed_outputs_list(gm: torch.fx.GraphModule) -> Callable[[list], list]:
+def _boxed_outputs_list(gm: torch.fx.GraphModule, name: str) -> Callable[[list], list]:
     """A partitioned graph with the compiled-graph convention: a list in, a list out. The
     inputs its eager ops read are brought up to date first where a compiled graph left their
-    host copy stale (host_sync="explicit"): eager torch reads host memory."""
+    host copy stale (host_sync="explicit"): eager torch reads host memory. Profiled, a call is
+    one "eager" range of graph `name` (its regions' calls inside)."""
     returns_tuple = _returns_tuple(gm)
     placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
     read_in_eager = tuple(
@@ -244,6 +246,12 @@ def _boxed_outputs_list(gm: torch.fx.GraphModule) -> Callable[[list], list]:
     )
 
     def run(args: list) -> list:
+        if profiling.active:
+            with profiling.span("eager", name):
+                return call(args)
+        return call(args)
+
+    def call(args: list) -> list:
         if read_in_eager and host_sync.pending:
             host_sync.sync([args[i] for i in read_in_eager if isinstance(args[i], torch.Tensor)])
         out = gm(*args)

@@ -42,6 +42,7 @@ import torch
 
 from tpu_inductor import files
 from tpu_inductor.config import Options
+from tpu_inductor.debug import profiling
 from tpu_inductor.debug.recompiles import describe_input, explain_if_recompile
 from tpu_inductor.debug.repro import repro_command, write_reproducer
 from tpu_inductor.exc import CompileError
@@ -113,8 +114,10 @@ class CompileRecord:
     def stage(self, name: str):
         """Time a stage; repeated stages add up. A failure inside is recorded (and re-raised)."""
         start = time.perf_counter()
+        ranged = profiling.span("compile", f"{self.graph} {name}") if profiling.active else None
         try:
-            yield
+            with ranged or contextlib.nullcontext():
+                yield
         except Exception as e:
             self._add_time(name, start)  # before compile.json is written, so it has the time
             self.status, self.error = "failed", f"{name}: {type(e).__name__}: {e}"
@@ -123,7 +126,10 @@ class CompileRecord:
         self._add_time(name, start)
 
     def _add_time(self, name: str, start: float) -> None:
-        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.timings[name] = self.timings.get(name, 0.0) + seconds
+        if profiling.active:
+            profiling.compiled(self.graph, name, seconds)
 
     def run(self, name: str, fn: Callable[[], Any]) -> Any:
         """Stage `name` of this record: `fn()` timed, its result shown (`show`). A PJRT compile

@@ -1,0 +1,1 @@
+"""Tests of tpu_inductor/tune/: profile and tune."""
