@@ -164,6 +164,10 @@ class Options:
     def from_user(cls, options: dict[str, Any] | None = None, mode: str | None = None) -> Options:
         """Build Options from env defaults overridden by the user's dict; validate everything.
 
+        `{"config": "tuned.json"}` (or `TPU_INDUCTOR_CONFIG`) reads options from a JSON file
+        (`tpu-inductor tune` writes one): they override the environment, the dict's other keys
+        override them.
+
         A key the user gives replaces its environment variable whole (which is then not read):
         `{"shapes": {"policy": "exact"}}` keeps the default `max_compiles`, whatever
         `TPU_INDUCTOR_SHAPES` says."""
@@ -172,11 +176,14 @@ class Options:
                 f"tpu_inductor: mode={mode!r} is not a torch.compile mode; use one of "
                 f"{', '.join(map(repr, MODES))} (tune with options={{...}} instead)."
             )
-        given = options or {}
-        from_env = _env_values(cls, skip=given)
-        if mode == "reduce-overhead" and "host_sync" not in {*given, *from_env}:
+        given = dict(options or {})
+        path = given.pop("config") if "config" in given else os.environ.get(_env_name("config"))
+        from_file = {} if path is None else _config_file(path, "config" not in (options or {}))
+        from_env = _env_values(cls, skip={*given, *from_file})
+        if mode == "reduce-overhead" and "host_sync" not in {*given, *from_file, *from_env}:
             from_env["host_sync"] = "explicit"
         items = [(k, v, _Where((k,), env=True)) for k, v in from_env.items()]
+        items += [(k, v, _Where((k,), file=os.fspath(path))) for k, v in from_file.items()]
         items += [(k, v, _Where((k,))) for k, v in given.items()]
         options = cls(**_check_fields(cls, items, _Where(())))
         if options.x64 == "narrow" and options.lowering == "torch-mlir":
@@ -205,16 +212,37 @@ class _Where:
 
     path: tuple[str, ...]
     env: bool = False
+    file: str | None = None  # the config file it came from
 
     def child(self, key: Any) -> _Where:
-        return _Where((*self.path, str(key)), self.env)
+        return _Where((*self.path, str(key)), self.env, self.file)
 
     def __str__(self) -> str:
         key = ".".join(self.path)
+        if self.file is not None:
+            return f"option {key!r} from config file {self.file}"
         if not self.env:
             return f"option {key!r}"
         variable = f"environment variable {_env_name(self.path[0])}"
         return variable if len(self.path) == 1 else f"option {key!r} from {variable}"
+
+
+def _config_file(path: Any, from_env: bool) -> dict[str, Any]:
+    """The options a config file holds (a JSON object of options, `config` not among them)."""
+    where = f"environment variable {_env_name('config')}" if from_env else "option 'config'"
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise OptionError(f"tpu_inductor: {where} must be the path of a JSON file, got {path!r}.")
+    try:
+        with open(path) as f:
+            values = json.load(f)
+    except (OSError, ValueError) as e:
+        raise OptionError(f"tpu_inductor: {where}: cannot read {os.fspath(path)!r}: {e}.") from None
+    if not isinstance(values, dict) or "config" in values:
+        raise OptionError(
+            f"tpu_inductor: {where}: {os.fspath(path)!r} must hold a JSON object of options "
+            f'(no \'config\' of its own), e.g. {{"shapes": {{"policy": "auto"}}}}.'
+        )
+    return values
 
 
 def _is_record(f: dataclasses.Field) -> bool:
