@@ -19,14 +19,15 @@ def test_shape_change_recompile_is_explained(run_dump):
     assert [c["recompile_reason"] is not None for c in forward] == [False, True, True]
     # Size 5: Dynamo's new trace, with symbolic sizes, compared with its static trace at 2.
     retrace = forward[1]["recompile_reason"]
-    assert retrace.startswith("Dynamo traced it again, with symbolic sizes: input 3 ")
-    assert "input 3 (float32[2, 4] → float32[5, 4]): dim 0: 2 → 5" in retrace
+    assert retrace.startswith("Dynamo traced it again, with symbolic sizes: size 2 → 5 ")
+    assert "size 2 → 5 at dim 0 of input 3" in retrace
     assert "torch._dynamo.mark_dynamic(input, 0) before the first call" in retrace
     # Size 7: the symbolic graph compiled for one more size.
     reason = forward[-1]["recompile_reason"]
-    assert "input 3 (float32[5, 4] → float32[7, 4]): dim 0: 5 → 7" in reason
-    assert "input 2 (a symbolic size or number): 5 → 7" in reason
-    assert "pad input 3's dim 0 to a few fixed sizes, one compile each" in reason
+    # one symbol's change, told once: the dim and the size input that carry it
+    assert reason.startswith("size 5 → 7 at the value of input 2 and dim 0 of input 3.")
+    assert reason.count("To avoid it") == 1 and reason.count("pad ") == 1
+    assert "pad dim 0 of input 3 to a few fixed sizes, one compile each" in reason
     assert "bucket" not in retrace + reason  # not a knob torch.compile users have (yet)
     graphs = [c["graph"] for c in forward]
     lines = [m for m in messages if m.startswith("tpu_inductor: recompiling for new input")]
@@ -44,7 +45,7 @@ def test_recompiles_for_a_python_number_are_explained_as_such():
         compiled(torch.ones(2), n)
     retrace, again = (r.recompile for r in records.records[before + 1 :])
     assert retrace.startswith("Dynamo traced it again: a Python number changed between calls")
-    assert again.startswith("input 0 (a symbolic size or number): 3 → 4.")
+    assert again.startswith("size 3 → 4 at the value of input 0.")
     assert "pass a number that varies and sets no size as a 0-d tensor" in again
 
 
@@ -52,8 +53,8 @@ def test_explain_recompile_texts():
     old = (((8, 16), "torch.float32"), 3)
     new = (((12, 16), "torch.float32"), 3)
     assert recompiles.explain_recompile(old, new, same_graph=False) == (
-        "input 0 (float32[8, 16] → float32[12, 16]): dim 0: 8 → 12. To avoid it: pad input 0's "
-        "dim 0 to a few fixed sizes, one compile each (torch._dynamo.mark_dynamic(input, 0) "
+        "size 8 → 12 at dim 0 of input 0. To avoid it: pad dim 0 of input 0 to a few fixed "
+        "sizes, one compile each (torch._dynamo.mark_dynamic(input, 0) "
         "before the first call spares Dynamo's new traces, not the compile per size)."
     )
     assert recompiles.explain_recompile(old, new, same_graph=True).endswith(
@@ -68,6 +69,22 @@ def test_explain_recompile_texts():
         old, old, same_graph=True, old_options={"x64": "keep"}, new_options={"x64": "narrow"}
     )
     assert option.startswith("option x64: 'keep' → 'narrow'.")
+
+
+def test_a_recompile_is_told_once_per_symbol():
+    """A decode step's ten inputs of one cache length and a mask one longer: two sizes, one
+    piece of advice (it was a sentence per input)."""
+    cache = [((2, 4, 8, 8), "torch.float32"), 8] * 5
+    longer = [((2, 4, 16, 8), "torch.float32"), 16] * 5
+    old, new = (*cache, ((2, 9), "torch.int64")), (*longer, ((2, 17), "torch.int64"))
+    text = recompiles.explain_recompile(old, new, same_graph=True)
+    assert text == (
+        "size 8 → 16 at dim 2 of inputs 0, 2, 4, 6, 8 and the value of inputs 1, 3, 5, 7, 9; "
+        "size 9 → 17 at dim 1 of input 10. To avoid it: pad dim 2 of input 0 (and every dim "
+        "of size 8) and dim 1 of input 10 to a few fixed sizes, one compile each (a graph with "
+        "symbolic sizes compiles once per size here)."
+    )
+    assert "\n" not in text
 
 
 def test_recompile_is_explained_against_the_closest_earlier_compile(caplog):
@@ -105,6 +122,6 @@ def test_identical_graph_from_a_static_recompile_says_mark_dynamic(tmp_path, cap
             assert_same(fn(x), x * 2 + 1)
     compiles = report.load_run(tmp_path)
     assert [c["recompile_reason"] is None for c in compiles] == [True, False]
-    assert "dim 0: 4 → 6" in compiles[1]["recompile_reason"]
+    assert "size 4 → 6 at dim 0" in compiles[1]["recompile_reason"]
     assert "torch._dynamo.mark_dynamic(input, 0)" in compiles[1]["recompile_reason"]
     assert f"({compiles[1]['graph']}, the same graph as {compiles[0]['graph']})" in caplog.text

@@ -46,11 +46,19 @@ def explain_recompile(
     advice: list[str] = []
     if len(old) != len(new):
         changes.append(f"the number of inputs changed from {len(old)} to {len(new)}")
+    sizes: dict[tuple[int, int], dict] = {}  # one symbol's change: (from, to) -> where
     for position, (before, after) in enumerate(zip(old, new)):
         if before == after:
             continue
         if _is_tensor_entry(before) and _is_tensor_entry(after):
-            changes.append(_tensor_change(position, before, after, advice, same_graph))
+            if before[1] == after[1] and len(before[0]) == len(after[0]):
+                for d, (a, b) in enumerate(zip(before[0], after[0])):
+                    if a != b:
+                        sizes.setdefault((a, b), {}).setdefault(d, []).append(position)
+            else:
+                changes.append(_tensor_change(position, before, after, advice))
+        elif same_graph and isinstance(before, int) and isinstance(after, int):
+            sizes.setdefault((before, after), {}).setdefault(None, []).append(position)
         else:
             kind = " (a symbolic size or number)" if same_graph else ""
             changes.append(
@@ -58,6 +66,26 @@ def explain_recompile(
             )
             if not any(_is_tensor_entry(v) and v != w for v, w in zip(old, new)):
                 advice.append("pass a number that varies and sets no size as a 0-d tensor")
+    pads = []  # per size: the first dim that carries it
+    for (a, b), where in sizes.items():
+        changes.append(f"size {a} → {b} at {_places(where)}")
+        dims = [(d, p) for d, positions in where.items() if d is not None for p in positions]
+        if dims:
+            others = f" (and every dim of size {a})" if len(dims) > 1 else ""
+            pads.append((dims[0], f"dim {dims[0][0]} of input {dims[0][1]}{others}"))
+        elif not any(_is_tensor_entry(v) and v != w for v, w in zip(old, new)):
+            advice.append("pass a number that varies and sets no size as a 0-d tensor")
+    if pads:
+        why = (
+            "a graph with symbolic sizes compiles once per size here"
+            if same_graph
+            else f"torch._dynamo.mark_dynamic(input, {pads[0][0][0]}) before the first call "
+            "spares Dynamo's new traces, not the compile per size"
+        )
+        advice.append(
+            f"pad {' and '.join(text for _, text in pads)} to a few fixed sizes, one compile "
+            f"each ({why})"
+        )
     for key in sorted(set(old_options or {}) | set(new_options or {})):
         before, after = (old_options or {}).get(key), (new_options or {}).get(key)
         if before != after:
@@ -69,7 +97,17 @@ def explain_recompile(
     return f"{'; '.join(changes)}. To avoid it: {remedy}."
 
 
-def _tensor_change(position: int, before, after, advice: list[str], same_graph: bool) -> str:
+def _places(where: dict) -> str:
+    """Where one size changed: "dim 2 of inputs 7, 13 and the value of inputs 6, 12"."""
+    parts = []
+    for d, positions in where.items():
+        inputs = f"input{'s' if len(positions) > 1 else ''} {', '.join(map(str, positions))}"
+        parts.append(f"the value of {inputs}" if d is None else f"dim {d} of {inputs}")
+    return " and ".join(parts)
+
+
+def _tensor_change(position: int, before, after, advice: list[str]) -> str:
+    """A tensor input's change of dtype or rank (a size change is told per size)."""
     (old_shape, old_dtype), (new_shape, new_dtype) = before, after
     what = f"input {position} ({describe_input(before)} → {describe_input(after)})"
     if old_dtype != new_dtype:
@@ -77,21 +115,8 @@ def _tensor_change(position: int, before, after, advice: list[str], same_graph: 
             f"cast input {position} to {old_dtype.removeprefix('torch.')} before the call"
         )
         return f"{what}: dtype {old_dtype} → {new_dtype}"
-    if len(old_shape) != len(new_shape):
-        advice.append(f"keep input {position}'s rank fixed")
-        return f"{what}: rank {len(old_shape)} → {len(new_shape)}"
-    dims = [d for d, (a, b) in enumerate(zip(old_shape, new_shape)) if a != b]
-    for d in dims:  # graphs with symbolic sizes are compiled once per size (docs/shapes.md)
-        why = (
-            "a graph with symbolic sizes compiles once per size here"
-            if same_graph
-            else f"torch._dynamo.mark_dynamic(input, {d}) before the first call spares Dynamo's "
-            "new traces, not the compile per size"
-        )
-        advice.append(
-            f"pad input {position}'s dim {d} to a few fixed sizes, one compile each ({why})"
-        )
-    return what + ": " + ", ".join(f"dim {d}: {old_shape[d]} → {new_shape[d]}" for d in dims)
+    advice.append(f"keep input {position}'s rank fixed")
+    return f"{what}: rank {len(old_shape)} → {len(new_shape)}"
 
 
 def _bucketing_note(bucketing: dict[str, Any] | None) -> str:
