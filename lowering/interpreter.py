@@ -325,7 +325,7 @@ def writes_input(node: torch.fx.Node, placeholders) -> bool:
 
 def _rule_of(node: torch.fx.Node, platform):
     op = registry.node_op(node) if node.op == "call_function" else None
-    if not isinstance(op, OpOverload) or op in INTERPRETER_TARGETS:
+    if not isinstance(op, registry.RULE_TARGETS) or op in INTERPRETER_TARGETS:
         return None
     return registry.lookup(op, platform)
 

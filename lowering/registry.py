@@ -26,10 +26,13 @@ import inspect
 from collections.abc import Callable, Iterable
 
 import torch
-from torch._ops import OpOverload, OpOverloadPacket
+from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
 
 from ..exc import RegistrationError
 from .python_targets import INTERPRETER_TARGETS
+
+# What a rule can be registered for: ATen overloads and higher-order ops (flex_attention).
+RULE_TARGETS = (OpOverload, HigherOrderOperator)
 
 RULE_MODULES = (
     "pointwise",
@@ -56,6 +59,7 @@ RULE_MODULES = (
     "random",
     "creation",
     "moe",
+    "flex_attention",
     "torch_nn",
     "sharding",
 )
@@ -81,7 +85,7 @@ _loaded = False
 def _overloads(op) -> Iterable[OpOverload | str]:
     if isinstance(op, str) and "::" in op:
         return _named_overloads(op)
-    if isinstance(op, (OpOverload, str)):
+    if isinstance(op, (OpOverload, HigherOrderOperator, str)):
         return (op,)
     if isinstance(op, OpOverloadPacket):
         return tuple(getattr(op, name) for name in op.overloads())
@@ -213,7 +217,7 @@ def supported(node: torch.fx.Node, platform: str | None = None) -> bool:
     if node.target in INTERPRETER_TARGETS:
         return True
     op = node_op(node)
-    rule = lookup(op, platform) if isinstance(op, OpOverload) else None
+    rule = lookup(op, platform) if isinstance(op, RULE_TARGETS) else None
     if rule is None or (rule.supports is not None and not _rule_supports(rule, node)):
         return False
     return _values_supported(node)

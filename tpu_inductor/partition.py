@@ -59,8 +59,9 @@ def report_missing(missing: dict[str, list[str]], options: Options) -> None:
             "tpu_inductor: these ops have no lowering rule:\n"
             + "\n".join(lines)
             + (
-                "\nHigher-order ops (torch.cond, while_loop, scan, map, flex_attention) are not "
-                "lowered: they run in eager torch (torch.where can replace a torch.cond)."
+                "\nHigher-order ops other than flex_attention (torch.cond, while_loop, scan, "
+                "map) are not lowered: they run in eager torch (torch.where can replace a "
+                "torch.cond)."
                 if hops
                 else ""
             )

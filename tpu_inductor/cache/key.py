@@ -99,7 +99,8 @@ def _canonical(value: Any) -> str:
 def graph_fingerprint(gm: torch.fx.GraphModule, platform: str) -> str:
     """A graph's computation, whatever its nodes are named: each node by its position, op,
     target and arguments (other nodes by position) and, for a random op on `platform`, its
-    stream (no position: passes that move it keep it), and its tensor constants' data.
+    stream (no position: passes that move it keep it), its tensor constants' data and its
+    subgraphs' fingerprints (a flex_attention's score_mod and mask_mod).
     Dynamo's and torch.export's traces of one program name their inputs differently; they key
     alike."""
     position: dict = {}
@@ -114,7 +115,9 @@ def graph_fingerprint(gm: torch.fx.GraphModule, platform: str) -> str:
             value = gm
             for part in node.target.split("."):
                 value = getattr(value, part)
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, torch.fx.GraphModule):  # a higher-order op's subgraph
+                digest.update(graph_fingerprint(value, platform).encode())
+            elif isinstance(value, torch.Tensor):
                 data = value.detach().cpu().contiguous()
                 digest.update(f"{data.dtype}:{tuple(data.shape)}".encode())
                 raw = data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b""
@@ -123,10 +126,12 @@ def graph_fingerprint(gm: torch.fx.GraphModule, platform: str) -> str:
 
 
 def _target_name(target) -> str:
-    from torch._ops import OpOverload
+    from torch._ops import HigherOrderOperator, OpOverload
 
     if isinstance(target, OpOverload):
         return str(target)
+    if isinstance(target, HigherOrderOperator):
+        return f"higher_order.{target.name()}"
     return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', target)!s}"
 
 
