@@ -2,10 +2,11 @@
 block mask) compiled whole by tpu_inductor, one training step against eager torch.
 
 torchtitan is not a dependency of the project (its package pulls datasets, tensorboard and
-wandb); its model code imports with a handful of small packages, installed apart:
+wandb); its model code imports with a few packages installed apart (Triton, about 1 GB, only
+imported by its MoE token dispatcher; nothing of it runs here):
 
     pip install --no-deps --target /tmp/tt torchtitan==0.3.0 spmd_types==0.2.3 \\
-        torch_checkpointing tyro einops docstring_parser
+        torch_checkpointing tyro einops docstring_parser triton
     .venv/bin/python tools/check_torchtitan.py --path /tmp/tt [--layers 2] [--models llama3,qwen3]
 
 Per model: the debug config cut to `--layers` layers, random weights (seeded), batch 2 × 256

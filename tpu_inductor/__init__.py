@@ -11,6 +11,7 @@ __all__ = [
     "Mesh",
     "__version__",
     "compiles",
+    "enable_flex_attention_training",
     "load_checkpoint",
     "mark_sharding",
     "materialize",
@@ -48,6 +49,10 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(".state.checkpoint", __name__), name)
     if name == "profile":  # `with tpu_inductor.profile(dir):` a trace and a table per graph
         return importlib.import_module(".tune.profile", __name__).profile
+    if name == "enable_flex_attention_training":  # FlexAttention's backward on host tensors
+        return importlib.import_module(
+            ".ops.flex_attention", __name__
+        ).enable_flex_attention_training
     if name == "sharding_plans":
         return importlib.import_module(".sharding.plans", __name__)
     if name == "distributed":  # tpu_inductor.distributed.initialize(...): several hosts

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from tpu_inductor.ops.flex_attention import enable_flex_attention_training
+from tpu_inductor import enable_flex_attention_training
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
