@@ -37,6 +37,9 @@ from ..registry import register_lowering
 
 aten, hop = torch.ops.aten, torch.ops.higher_order
 
+# Counted in the module's kernel choices (on every platform: no kernel takes it yet).
+_CHOICE = "flex_attention.xla: the score matrix formed whole, no kernel for it yet"
+
 # The block mask's tuple (BlockMask.as_tuple()) ends with its mask_mod (torch checks its
 # lengths against the call's; without a block mask it is a one-block mask that keeps all).
 _MASK_MOD = -1
@@ -56,6 +59,7 @@ def flex_attention(
     mask_mod_other_buffers=(),
 ):
     """(output, logsumexp in base 2[, max score in base 2]) as the node expects."""
+    ctx.chose(_CHOICE)
     attend = _attention(ctx, score_mod, block_mask, scale, mask_mod_other_buffers)
     out, lse, top = attend(query, key, value, tuple(score_mod_other_buffers))
     results = (out, lse, top)[: len(ctx.out)]

@@ -105,6 +105,8 @@ def test_forward_and_gradients_equal_eager_float32(case, compiled_graphs):
     for name, e, f in zip(("output", "dq", "dk", "dv"), expected, found):
         assert _relative(f, e) <= 1e-5, (case, name, _relative(f, e))
     assert len(compiled_graphs) == 2  # one forward, one backward: nothing left to eager torch
+    (choice,) = compiled_graphs[0].lowered.kernel_choices  # the form chosen, and why
+    assert choice.startswith("flex_attention.xla: "), choice
 
 
 @pytest.mark.parametrize("case", ["causal", "document", "alibi, causal"])
