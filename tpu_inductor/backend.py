@@ -18,7 +18,7 @@ from tpu_inductor import decompositions
 from tpu_inductor.config import Options
 from tpu_inductor.debug import records
 from tpu_inductor.exc import DeviceError
-from tpu_inductor.runtime import residency
+from tpu_inductor.runtime import residency, size_dispatch
 from tpu_inductor.sharding import shard as sharding
 from tpu_inductor.sharding.mesh import common_mesh
 
@@ -115,8 +115,9 @@ def tpu_inductor(
         if use_autograd_cache
         else contextlib.nullcontext(),
         decompositions.tracing(),
+        size_dispatch.new_trace() as wrap,
     ):
-        return aot_autograd(
+        compiled = aot_autograd(
             fw_compiler=compiler("forward"),
             bw_compiler=compiler("backward"),
             inference_compiler=compiler("inference"),
@@ -124,6 +125,7 @@ def tpu_inductor(
             decompositions=decompositions.table(),
             keep_inference_input_mutations=True,
         )(gm, example_inputs)
+    return wrap(compiled)
 
 
 def _standing_for(compiled: Callable[[list], list], positions: tuple[int, ...]):

@@ -140,7 +140,7 @@ def test_batch_and_length_are_precompiled_together_and_serve_every_pair():
     buckets = tpu_inductor.precompile(compiled, example, groups, {"B": 8, "S": 32}, record)
     assert buckets == [{"B": b, "S": s} for b in (4, 8) for s in (4, 8, 16, 32)]
     assert tpu_inductor.compiles() - before == len(buckets)
-    with tpu_inductor.no_compiles():
+    with tpu_inductor.no_compiles(), torch.no_grad():  # precompiled without grad, as served
         for b, n in ((3, 5), (8, 32), (5, 17), (2, 3)):
             ids, mask = torch.randint(0, 9, (b, n)), (torch.rand(b, n) > 0.3).float()
             for t in (ids, mask):
@@ -219,3 +219,38 @@ def test_a_compile_that_fails_in_the_background_is_logged_and_raised_by_its_call
             if thread.name.startswith("tpu_inductor-precompile"):
                 thread.join()
     assert "a compile ahead of its calls failed" in caplog.text and "a test" in caplog.text
+
+
+def test_no_compiles_sees_a_dynamo_retrace_that_the_caches_serve():
+    """Dynamo traces again (its caches reset: a guard that failed does the same); our cache
+    serves the executable, no PJRT compile, and the retrace still raises inside the block."""
+
+    def f(x):
+        return x.sin() * 2
+
+    compiled = torch.compile(f, backend="tpu_inductor", dynamic=False)
+    x = torch.randn(4)
+    compiled(x)
+    torch._dynamo.reset()
+    before = tpu_inductor.compiles()
+    with pytest.raises(UnexpectedCompileError, match="Dynamo traced graph"):
+        with tpu_inductor.no_compiles():
+            compiled(x)
+    assert tpu_inductor.compiles() == before
+    with tpu_inductor.no_compiles():  # traced now: served
+        assert_same(compiled(x), f(x))
+
+
+def test_fail_on_recompile_is_honoured_by_a_new_bucket():
+    """Under torch.compiler.set_stance("fail_on_recompile") a bucket compiled before serves and
+    a new one raises (Dynamo does not trace again: our compile per bucket is the recompile)."""
+    model = _Broken()
+    compiled = _compiled(model)
+    _serve(compiled, model, (3, 9))
+    before = tpu_inductor.compiles()
+    with torch.compiler.set_stance("fail_on_recompile"):
+        _serve(compiled, model, (5, 16, 12))  # buckets 8 and 16
+        with pytest.raises(UnexpectedCompileError, match="fail_on_recompile"):
+            _serve(compiled, model, (20,))
+    assert tpu_inductor.compiles() == before
+    _serve(compiled, model, (20,))  # outside it compiles, and is right

@@ -28,5 +28,8 @@ class RecentlyUsed:
         self._entries.popitem(last=False)
         return True
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def clear(self) -> None:
         self._entries.clear()

@@ -11,7 +11,9 @@ dropped). Inside `compiling_ahead(pool)` (tpu_inductor.precompile) a signature n
 is handed to the pool and the call stops with `CompilingAhead`: compiles of several signatures
 then overlap (PJRT's compile releases the GIL), and a later call of a signature waits for its
 compile. Inside `no_compiles()` a compile raises UnexpectedCompileError instead (a serving loop
-after warm-up). Also the signature helpers every stage keys on.
+after warm-up), and so does the first call of a graph Dynamo traced there (`new_trace`),
+whose executables the caches may serve; under torch.compiler.set_stance("fail_on_recompile") a
+graph's compile for new sizes raises too. Also the signature helpers every stage keys on.
 """
 
 from __future__ import annotations
@@ -73,6 +75,55 @@ def check_compile_allowed(graph: str, inputs: tuple, bucketing: dict | None) -> 
         )
 
 
+def check_recompile_allowed(graph: str, inputs: tuple) -> None:
+    """Raise UnexpectedCompileError under torch.compiler.set_stance("fail_on_recompile") when a
+    graph that has an executable would make another (new sizes): Dynamo's stance covers its
+    own traces, this our compiles per size."""
+    stance = torch._dynamo.eval_frame._stance.stance  # set_stance's (no public getter)
+    if stance == "fail_on_recompile":
+        raise UnexpectedCompileError(
+            f"tpu_inductor: {graph} would compile again for inputs {input_signature(inputs)} "
+            'under torch.compiler.set_stance("fail_on_recompile"): warm this size up first '
+            "(tpu_inductor.precompile with a `largest` that covers it)"
+        )
+
+
+@contextlib.contextmanager
+def new_trace() -> Iterator[Callable[[Callable], Callable]]:
+    """Around the backend's compile of a graph Dynamo just traced; yields `wrap(compiled)`.
+    Inside `no_compiles()` the graph compiles (our caches may serve it: the trace and our
+    passes are the cost) and its first call raises UnexpectedCompileError, from the caller's
+    frame (raised inside Dynamo's backend call, it would reach the caller as Dynamo's
+    BackendCompilerFailed); its later calls run."""
+    if not _STRICT.get():
+        yield lambda compiled: compiled
+        return
+    token = _STRICT.set(False)
+    try:
+        yield _refusing_first_call
+    finally:
+        _STRICT.reset(token)
+
+
+def _refusing_first_call(compiled: Callable) -> Callable:
+    graph = str(torch._guards.CompileContext.current_compile_id() or "a graph")
+    refused = []
+
+    def run(*args, **kwargs):
+        if not refused:
+            refused.append(True)
+            raise UnexpectedCompileError(
+                f"tpu_inductor: Dynamo traced graph {graph} inside tpu_inductor.no_compiles() "
+                "(a guard failed: a new shape, dtype or Python value; our caches may serve "
+                "its executables, the trace itself is the cost): warm it up before the block "
+                "(tpu_inductor.precompile; torch._dynamo.mark_dynamic for the dims that vary)"
+            )
+        return compiled(*args, **kwargs)
+
+    run.__dict__.update(getattr(compiled, "__dict__", {}))
+    return run
+
+
 class SizeDispatch:
     """A boxed callable (a list of inputs in, a list out) over one graph with symbolic sizes.
 
@@ -112,6 +163,8 @@ class SizeDispatch:
         compiled = self._compiled.get(key)
         if compiled is None:  # the compile record logs why (which input, which dim)
             pending, pool = self._pending.get(key), _AHEAD.get()
+            if pending is None and len(self._compiled):
+                check_recompile_allowed(self._name, args)
             if pending is None and pool is not None:
                 run = contextvars.copy_context().run  # the bucket this call's record names
                 self._pending[key] = pool.submit(run, self._compile, list(args), scalars)
