@@ -25,6 +25,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "bench.shapes",
     "debug.report",
     "tune.profile",
+    "tune.tune",
 )
 
 

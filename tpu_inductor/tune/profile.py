@@ -5,7 +5,8 @@ Inside the block, jax's profiler traces the devices and the host (`dir/plugins/p
 every compiled graph's call, compile stage and eager region is a named host range there and in
 `torch.profiler` (debug/profiling.py names them). At its end, a table per graph (calls, device
 and host milliseconds, bytes crossed, compiles, the memory a call needs per device) and the
-process's figures (compiles, bytes crossed by kind, per-device peak estimate) are written to
+process's figures (compiles, bytes crossed by kind, per-device peak estimate, each bucketed
+graph's buckets and padded share) are written to
 `dir/profile.md` and `dir/profile.json`, and kept on the object the block yields.
 """
 
@@ -22,9 +23,7 @@ from typing import Any
 
 from tpu_inductor.debug import profiling
 from tpu_inductor.exc import TpuInductorError
-from tpu_inductor.runtime import devices, ledger, memory
-
-_MIB = 2**20
+from tpu_inductor.runtime import buckets, devices, ledger, memory
 
 
 @dataclasses.dataclass
@@ -55,13 +54,18 @@ class Profile:
                 f"| {g['need_bytes']:,} |"
             )
         t = self.totals
-        peak = ", ".join(f"{d} {b / _MIB:.1f} MiB" for d, b in t["peak_bytes"].items()) or "-"
+        peak = ", ".join(f"{d} {b:,} bytes" for d, b in t["peak_bytes"].items()) or "-"
         lines += [
             "",
             f"compiles: {t['compiles']}; bytes crossed: {t['crossed_bytes']:,} "
             f"({_kinds(t['transfers'])}); peak per device (estimate): {peak}",
-            f"trace: {self.trace}",
         ]
+        for b in t["buckets"]:
+            lines.append(
+                f"bucketed {b['graph']}: {len(b['buckets'])} bucket(s) "
+                f"{', '.join(b['buckets'])}; padded share {b['padded_share']:.1%}"
+            )
+        lines.append(f"trace: {self.trace}")
         return "\n".join(lines) + "\n"
 
 
@@ -83,7 +87,8 @@ def _directions(transfers: dict):
 def profile(dir: str | os.PathLike, *, python: bool = False):
     """Profile the block into `dir`: a trace (jax's profiler, with tpu_inductor's ranges; with
     `python`, every Python call too) and a table per graph (profile.md, profile.json). Yields
-    the `Profile`, filled at the end."""
+    the `Profile`, filled at the end. The process's transfer ledger, memory peak and bucket
+    report start again from zero at its start (reset_transfers, reset_memory_peak)."""
     import jax
 
     if profiling.active:
@@ -93,6 +98,7 @@ def profile(dir: str | os.PathLike, *, python: bool = False):
     compiles = devices.stats["pjrt_compiles"]
     ledger.reset()
     memory.reset_peak()
+    buckets.clear_report()
     options = jax.profiler.ProfileOptions()
     # Python's tracer (every Python call a range) fills the trace's 1,000,000 events within a
     # step, the ranges of the graphs dropped: on only when asked for.
@@ -122,6 +128,7 @@ def profile(dir: str | os.PathLike, *, python: bool = False):
             "crossed_bytes": _crossed(transfers),
             "transfers": transfers,
             "peak_bytes": memory.memory()["peak"],
+            "buckets": buckets.report(),
         }
         facts = {"graphs": found.graphs, "totals": found.totals, "trace": str(found.trace)}
         (found.dir / "profile.json").write_text(json.dumps(facts, indent=1) + "\n")

@@ -1,0 +1,204 @@
+"""`tpu-inductor tune SCRIPT [ARGS] [--platform tpu] [--budget MIN]`: record, propose, prove.
+
+1. Record: SCRIPT runs in a process of its own (tune/record.py) with the default options, its
+   compile cache off, profiled, the `auto` bucket policy recording the sizes each symbol took
+   (it buckets as the default pow2 until it has a plan, so this run is the defaults' run).
+2. Propose: a bucket plan from those sizes (passes/bucket_policy.BucketPlan.replan: at most as
+   many buckets as pow2 used, padded work traded against a cost per compile in padded
+   positions), the cost of the target platform's compile: on this machine's own platform
+   measured (a compile's seconds over a padded position's device seconds, both from the
+   record); for another (`--platform tpu` here) bucket_policy's DEFAULT_COMPILE_COST, and the
+   report says it is an estimate. Written as `tuned.json`, which `options={"config": ...}` (or
+   TPU_INDUCTOR_CONFIG) loads; beside it what the record says of precompiling, host sync and
+   fusion.
+3. Prove: SCRIPT runs again in a new process with TPU_INDUCTOR_CONFIG=tuned.json; the report
+   (report.md, report.html: tune/report.py) sets the two runs' figures side by side.
+
+Each run gets half of `--budget` minutes; a run that fails or overruns is a TpuInductorError
+with the end of its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tpu_inductor.config import FUSION_DEFAULTS
+from tpu_inductor.exc import TpuInductorError
+from tpu_inductor.passes import bucket_policy
+from tpu_inductor.tune import report
+
+
+def run(script: str, args: list[str], out: Path, env: dict[str, str], budget_s: float) -> dict:
+    """One recorded run of SCRIPT (tune/record.py) into `out`: its record.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    root = str(Path(__file__).resolve().parents[2])  # where this tpu_inductor is imported from
+    env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))}
+    save = "1" if "TPU_INDUCTOR_CONFIG" not in env else "0"
+    command = [sys.executable, "-m", "tpu_inductor.tune.record", str(out), save, script, *args]
+    log = out / "run.log"
+    try:
+        with log.open("w") as sink:
+            done = subprocess.run(command, env=env, stdout=sink, stderr=sink, timeout=budget_s)
+    except subprocess.TimeoutExpired:
+        raise TpuInductorError(
+            f"tpu-inductor tune: {script} ran past its {budget_s / 60:.1f} minutes (half of "
+            f"--budget); give a larger --budget or a shorter run. Its log: {log}"
+        ) from None
+    if done.returncode != 0:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
+        raise TpuInductorError(
+            f"tpu-inductor tune: {script} failed (exit {done.returncode}); its log ({log}) "
+            f"ends:\n{tail}"
+        )
+    return json.loads((out / "record.json").read_text())
+
+
+def figures(record: dict) -> dict[str, float]:
+    """A run's figures, each the less the better (report.FIGURES names them)."""
+    graphs, totals = record["graphs"].values(), record["totals"]
+    shares = [b["padded_share"] for b in totals["buckets"]]
+    return {
+        "compiles": totals["compiles"],
+        "padded_share": sum(shares) / len(shares) if shares else 0.0,
+        "graph_ms": sum(g["device_ms"] + g["host_ms"] for g in graphs),
+        "compile_s": sum(g["compile_s"] for g in graphs),
+        "wall_s": record["wall_s"],
+        "crossed_bytes": totals["crossed_bytes"],
+        "peak_bytes": max(totals["peak_bytes"].values(), default=0),
+    }
+
+
+def compile_cost(platform: str, record: dict, plan: bucket_policy.BucketPlan) -> tuple[float, str]:
+    """A compile's price in padded positions on `platform`, and how it was found."""
+    default = bucket_policy.DEFAULT_COMPILE_COST
+    if platform != record["platform"]:
+        return default, (
+            f"estimate: a {platform} compile priced at {default:,.0f} padded positions "
+            f"(bucket_policy.DEFAULT_COMPILE_COST), not measured: this machine is "
+            f"{record['platform']}"
+        )
+    graphs = record["graphs"]
+    bucketed = {b["graph"] for b in record["totals"]["buckets"]}
+    compiles = sum(g["compiles"] for g in graphs.values())
+    compile_s = sum(g["compile_s"] for g in graphs.values())
+    device_s = sum(
+        g["device_ms"] / 1e3 for name, g in graphs.items() if name.split(".")[0] in bucketed
+    )
+    pow2 = bucket_policy.BucketPolicy("pow2", min_bucket=1)
+    positions = sum(c * pow2.bucket(n) for h in plan.histogram.values() for n, c in h.items())
+    if not (compiles and device_s and positions):
+        return default, "estimate: nothing measured to price a compile by (no bucketed call)"
+    per_position = device_s / positions
+    cost = compile_s / compiles / per_position
+    return cost, (
+        f"measured on {platform}: a compile {compile_s / compiles:.2f} s, a padded position "
+        f"{1e9 * per_position:,.1f} ns of device time: {cost:,.0f} positions"
+    )
+
+
+def propose(
+    record: dict, plan_path: Path, platform: str
+) -> tuple[dict[str, Any], list[str], list[str]]:
+    """(the tuned options, what the report says of them, which figures are estimates)."""
+    config: dict[str, Any] = {}
+    notes, estimates = [], []
+    if plan_path.exists():
+        plan = bucket_policy.BucketPlan.load(plan_path)
+        cost, how = compile_cost(platform, record, plan)
+        estimates += [how] if how.startswith("estimate") else []
+        plan.replan(compile_cost=cost)
+        plan.save(plan_path)
+        config["shapes"] = {"policy": "auto", "plan": str(plan_path.resolve())}
+        notes.append(f"bucket plan ({plan_path.name}), a compile's cost {how}:")
+        for key, sizes in plan.histogram.items():
+            seen = sorted(sizes)
+            chosen = plan.boundaries.get(key, ())
+            notes.append(
+                f"  {key}: sizes {seen[0]}..{seen[-1]} ({len(seen)} distinct, "
+                f"{sum(sizes.values())} calls) -> buckets {list(chosen) or 'exact'}"
+            )
+        notes.append(
+            "precompile: these buckets can compile at start-up, in parallel, before the first "
+            "step: tpu_inductor.precompile(fn, inputs, dims, largest, shapes=<the config's "
+            "shapes>)"
+        )
+    else:
+        notes.append("no symbolic size seen: no bucket plan (every graph compiled once)")
+    written_back = record["totals"]["transfers"]["device_to_host"].get("mutation", 0)
+    if written_back:
+        notes.append(
+            f"host_sync: {written_back:,} bytes the graphs wrote crossed back to the host; "
+            "host_sync='explicit' keeps them on the device until tpu_inductor.sync() (not "
+            "applied: it changes when host copies are current, so the program must sync)"
+        )
+    fusion = FUSION_DEFAULTS.get(platform, FUSION_DEFAULTS["cpu"])
+    notes.append(f"fusion: left to the platform's defaults ({platform}: {fusion})")
+    return config, notes, estimates
+
+
+def tune(script: str, args: list[str], out: Path, platform: str | None, budget_min: float):
+    """Record, propose and prove (the module's text); returns the report's facts."""
+    env = {k: v for k, v in os.environ.items() if k != "TPU_INDUCTOR_CONFIG"}
+    env["TPU_INDUCTOR_CACHE"] = "0"  # both runs compile cold: their compiles compare
+    plan_path = out / "bucket_plan.json"
+    plan_path.unlink(missing_ok=True)
+    recording = {
+        **env,
+        "TPU_INDUCTOR_SHAPES": json.dumps({"policy": "auto", "plan": str(plan_path)}),
+    }
+    before = run(script, args, out / "before", recording, budget_min * 30)
+    target = platform or before["platform"]
+    config, notes, estimates = propose(before, plan_path, target)
+    tuned = out / "tuned.json"
+    tuned.write_text(json.dumps(config, indent=1) + "\n")
+    after = run(
+        script, args, out / "after", {**env, "TPU_INDUCTOR_CONFIG": str(tuned)}, budget_min * 30
+    )
+    facts = {
+        "script": " ".join([script, *args]),
+        "platform": target,
+        "ran_on": before["platform"],
+        "config": config,
+        "config_file": str(tuned),
+        "notes": notes,
+        "estimates": estimates,
+        "before": figures(before),
+        "after": figures(after),
+    }
+    (out / "tune.json").write_text(json.dumps(facts, indent=1) + "\n")
+    (out / "report.md").write_text(report.markdown(facts))
+    (out / "report.html").write_text(report.html_page(facts))
+    return facts
+
+
+def add_subcommands(commands) -> None:
+    """Add `tpu-inductor tune` to the CLI."""
+    import argparse
+
+    parser = commands.add_parser(
+        "tune",
+        help="run a script, propose a config (bucket plan, ...) and prove it on a second run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--out", default="tpu_inductor_tune", help="the report's folder")
+    parser.add_argument(
+        "--platform", choices=("cpu", "gpu", "tpu"), help="the target (default: this machine's)"
+    )
+    parser.add_argument("--budget", type=float, default=30.0, help="minutes for both runs")
+    parser.add_argument("script", help="the Python file to run")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    parser.set_defaults(run=_main)
+
+
+def _main(args) -> int:
+    if not Path(args.script).is_file():
+        raise FileNotFoundError(f"no such script: {args.script}")
+    facts = tune(args.script, args.args, Path(args.out), args.platform, args.budget)
+    print(report.markdown(facts), end="")
+    return 0
