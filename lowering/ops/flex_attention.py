@@ -19,9 +19,11 @@ attention backward does), for the query, key, value and every floating captured 
 is not needed.
 
 Which positions are kept is `mask_mod`'s alone, as in torch's reference: a block mask made by
-`create_block_mask` lists exactly the blocks where `mask_mod` keeps something. The whole
-score matrix is formed (one per call, in the module's temporaries): the TPU path that skips
-empty blocks is Splash's (issue 39's kernels).
+`create_block_mask` lists exactly the blocks where `mask_mod` keeps something. Past `ROWS`
+queries the scores are formed a block of rows at a time (`lax.map` over checkpointed blocks,
+recomputed in the backward), so the temporaries hold ROWS × keys of them, not queries × keys.
+Blocks the mask leaves empty are still computed, then masked: skipping them (the block
+indices read as data) is not done yet.
 """
 
 from __future__ import annotations
@@ -37,8 +39,11 @@ from ..registry import register_lowering
 
 aten, hop = torch.ops.aten, torch.ops.higher_order
 
+# Longer queries are attended a block of this many rows at a time (when it divides them).
+ROWS = 512
+
 # Counted in the module's kernel choices (on every platform: no kernel takes it yet).
-_CHOICE = "flex_attention.xla: the score matrix formed whole, no kernel for it yet"
+_CHOICE = "flex_attention.xla: the scores formed in blocks of rows, no kernel for it yet"
 
 # The block mask's tuple (BlockMask.as_tuple()) ends with its mask_mod (torch checks its
 # lengths against the call's; without a block mask it is a one-block mask that keeps all).
@@ -131,45 +136,71 @@ def _attention(ctx, score_mod, block_mask, scale, mask_buffers):
 
     mask_mod = block_mask[_MASK_MOD]
     score_fn = _over_grid(_subgraph(GraphRunner, score_mod, ctx.x64), 1, None)
-    mask_fn = None if mask_mod is None else _subgraph(GraphRunner, mask_mod, ctx.x64)
-    mask_buffers = tuple(mask_buffers)
+    mask = None
+    if mask_mod is not None:
+        mask_fn = _over_grid(_subgraph(GraphRunner, mask_mod, ctx.x64), 0, len(mask_buffers))
+        mask = lambda *grid: mask_fn(*grid, *mask_buffers)  # noqa: E731
 
     def attend(q, k, v, score_buffers):
-        batch, heads, length, _ = q.shape
+        batch, heads, length, dim = q.shape
         k, v = _per_query_head(k, heads), _per_query_head(v, heads)
         k, v = (
             jnp.broadcast_to(k, (batch, *k.shape[1:])),
             jnp.broadcast_to(v, (batch, *v.shape[1:])),
         )
-        work = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
-        scores = jnp.einsum(
-            "bhqd,bhkd->bhqk", q.astype(work), k.astype(work), precision=jax.lax.Precision.HIGHEST
-        )
-        scores = (scores * scale).astype(work)
-        grid = _grid(batch, heads, length, k.shape[-2])
-        modded = score_fn(scores, *grid, *score_buffers).astype(work)
-        if mask_fn is not None:
-            keep = _over_grid(mask_fn, 0, len(mask_buffers))(*grid, *mask_buffers)
-            modded = jnp.where(keep, modded, -jnp.inf)
-        top = jnp.max(modded, axis=-1)
-        empty = jnp.isneginf(top)
-        safe_top = jnp.where(empty, 0.0, top)
-        weights = jnp.exp(modded - safe_top[..., None])
-        total = jnp.sum(weights, axis=-1)
-        lse = jnp.where(empty, -jnp.inf, safe_top + jnp.log(jnp.where(empty, 1.0, total)))
-        probabilities = jnp.where(
-            empty[..., None], 0.0, weights / jnp.where(empty, 1.0, total)[..., None]
-        )
-        out = jnp.einsum(
-            "bhqk,bhkd->bhqd",
-            probabilities.astype(q.dtype),
-            v.astype(q.dtype),
-            precision=jax.lax.Precision.HIGHEST,
-            preferred_element_type=jnp.float32 if q.dtype != jnp.float64 else jnp.float64,
-        ).astype(q.dtype)
+
+        def rows(q_rows, start):
+            return _rows_attention(q_rows, k, v, start, score_buffers, scale, score_fn, mask)
+
+        if length <= ROWS or length % ROWS:
+            out, lse, top = rows(q, 0)
+        else:  # a block of query rows at a time, recomputed in the backward: O(ROWS x keys)
+            count = length // ROWS
+            chunks = jnp.moveaxis(q.reshape(batch, heads, count, ROWS, dim), 2, 0)
+            starts = jnp.arange(count, dtype=jnp.int32) * ROWS
+            parts = jax.lax.map(jax.checkpoint(lambda part: rows(*part)), (chunks, starts))
+            out, lse, top = (_joined(p, batch, heads, length) for p in parts)
         return out, lse / math.log(2), top / math.log(2)
 
     return attend
+
+
+def _rows_attention(q, k, v, start, score_buffers, scale, score_fn, mask):
+    """Attention of the query rows `q` (the first at row `start`) over every key: (output,
+    logsumexp, max score), natural logs; the score matrix of these rows formed whole."""
+    batch, heads, length, _ = q.shape
+    work = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
+    scores = jnp.einsum(
+        "bhqd,bhkd->bhqk", q.astype(work), k.astype(work), precision=jax.lax.Precision.HIGHEST
+    )
+    scores = (scores * scale).astype(work)
+    b, h, queries, keys = _grid(batch, heads, length, k.shape[-2])
+    grid = (b, h, queries + start, keys)
+    modded = score_fn(scores, *grid, *score_buffers).astype(work)
+    if mask is not None:
+        modded = jnp.where(mask(*grid), modded, -jnp.inf)
+    top = jnp.max(modded, axis=-1)
+    empty = jnp.isneginf(top)
+    safe_top = jnp.where(empty, 0.0, top)
+    weights = jnp.exp(modded - safe_top[..., None])
+    total = jnp.sum(weights, axis=-1)
+    lse = jnp.where(empty, -jnp.inf, safe_top + jnp.log(jnp.where(empty, 1.0, total)))
+    probabilities = jnp.where(
+        empty[..., None], 0.0, weights / jnp.where(empty, 1.0, total)[..., None]
+    )
+    out = jnp.einsum(
+        "bhqk,bhkd->bhqd",
+        probabilities.astype(q.dtype),
+        v.astype(q.dtype),
+        precision=jax.lax.Precision.HIGHEST,
+        preferred_element_type=work,
+    ).astype(q.dtype)
+    return out, lse, top
+
+
+def _joined(part, batch: int, heads: int, length: int):
+    """A result computed per block of rows, (blocks, B, H, ROWS, ...), as (B, H, length, ...)."""
+    return jnp.moveaxis(part, 0, 2).reshape(batch, heads, length, *part.shape[4:])
 
 
 def _subgraph(runner_class, gm, x64):
