@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from tpu_inductor.passes import bucket_policy
 
 from tpu_inductor import cli
 from tpu_inductor.config import Options
@@ -71,12 +72,23 @@ def test_tune_proposes_a_bucket_plan_that_a_config_file_applies(tmp_path, capsys
     assert (tmp_path / "tuned" / "report.html").is_file()
 
 
-def test_another_platform_s_compile_cost_is_an_estimate(tmp_path):
-    script = tmp_path / "rows.py"
-    script.write_text(ROWS)
-    facts = _tune(tmp_path, script, "9,12,20", platform="tpu")
-    assert facts["platform"] == "tpu" and facts["estimates"]
-    assert "estimate" in (tmp_path / "tuned" / "report.md").read_text()
+def test_a_compile_s_cost_is_measured_here_and_estimated_for_another_platform():
+    """Measured: a compile's seconds over a padded position's device seconds (positions: the
+    calls' pow2 buckets, as the defaults' run padded them); another platform's: the default."""
+    record = {
+        "platform": "cpu",
+        "graphs": {
+            "forward_0": {"compiles": 2, "compile_s": 3.0, "device_ms": 400.0},
+            "backward_1": {"compiles": 2, "compile_s": 5.0, "device_ms": 600.0},
+            "other_2": {"compiles": 1, "compile_s": 2.0, "device_ms": 9000.0},  # not bucketed
+        },
+        "totals": {"buckets": [{"graph": "forward_0"}, {"graph": "backward_1"}]},
+    }
+    plan = bucket_policy.BucketPlan(histogram={"n": {20: 3, 40: 1}})  # 3 x 32 + 1 x 64
+    cost, how = tune.compile_cost("cpu", record, plan)
+    assert cost == pytest.approx((10.0 / 5) / (1.0 / 160)) and how.startswith("measured on cpu")
+    cost, how = tune.compile_cost("tpu", record, plan)
+    assert cost == bucket_policy.DEFAULT_COMPILE_COST and how.startswith("estimate")
 
 
 def test_a_failing_program_is_an_error_with_its_log(tmp_path, capsys):
