@@ -47,14 +47,23 @@ def _relative(value: torch.Tensor, exact: torch.Tensor) -> float:
     return ((value.double() - exact).norm() / exact.norm().clamp_min(1e-30)).item()
 
 
+def _floats_as(batch: dict, dtype: torch.dtype) -> dict:
+    return {
+        k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+        for k, v in batch.items()
+    }
+
+
 def bfloat16_step_errors(
     model: torch.nn.Module, batch: dict, run: Run = hf_run
 ) -> dict[str, tuple[float, float]]:
     """name -> (compiled bfloat16's, eager bfloat16's) relative distance from float32, for the
-    logits, the loss and every parameter's gradient of one training step of `model`."""
+    logits, the loss and every parameter's gradient of one training step of `model`. Floating
+    inputs are rounded to bfloat16 too (the reference takes the rounded values in float32)."""
     bf16 = copy.deepcopy(model).train().bfloat16()
     reference, compiled = copy.deepcopy(bf16).float(), copy.deepcopy(bf16)
-    exact = _step(reference, reference, batch, run)
+    batch = _floats_as(batch, torch.bfloat16)
+    exact = _step(reference, reference, _floats_as(batch, torch.float32), run)
     eager = _step(bf16, bf16, batch, run)
     fn = torch.compile(compiled, backend="tpu_inductor", options=STRICT, fullgraph=True)
     ours = _step(compiled, fn, batch, run)

@@ -5,8 +5,10 @@ patches, adaptive layer norm on timestep and class) and an AutoencoderKL (encode
 posterior's mode, decoder).
 
 Each compiles whole (fallback="error", fullgraph=True, no graph break, no eager region):
-inference output and a training step (loss and every gradient) equal eager's. The UNet and
-the VAE take about a minute each to compile on CI's two cores: they carry the `slow` marker.
+inference output and a training step (loss and every gradient) equal eager's, and a bfloat16
+step as close to float32 as eager's (tests/numerics.py). The UNet and the VAE take about a
+minute each to compile on CI's two cores, and the bfloat16 steps more: they carry the `slow`
+marker.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+from tests import numerics
 from tests.helpers import assert_same, grads_of
 from tests.models.test_hf_models import _assert_compiled_whole
 from tpu_inductor.debug import records
@@ -121,3 +124,16 @@ def test_diffusers_model_forward_and_training_match_eager(name):
     assert len(actual_grads) == len(expected_grads) == len(list(model.parameters()))
     assert_same(actual_grads, expected_grads, **TOL)
     _assert_compiled_whole(first, graphs=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_diffusers_model_bfloat16_step_is_as_close_to_float32_as_eager(name):
+    """tests/numerics.py's bfloat16 training step (the output and every gradient)."""
+    model, inputs = _build(name)
+
+    def run(fn, batch):
+        out = _output(fn, batch)
+        return out, out.float().square().mean()
+
+    numerics.assert_as_close_as_eager(numerics.bfloat16_step_errors(model, inputs, run))
