@@ -186,6 +186,8 @@ class _Bucketing:
                 if expr.free_symbols & set(self.symbols):
                     sizes.append((position, expr))
                     bucket_values.check_uses(self, node)
+                elif not node.users:  # a stride of a size-1 dim (the length, at the true size):
+                    node.meta["value_only"] = True  # passed as a tensor, not a new signature
         return tuple(padded), tuple(sizes)
 
     def _check_supported(self, node) -> None:
