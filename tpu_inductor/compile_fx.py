@@ -407,6 +407,9 @@ def _wrap(found, graph_key, compile_key, device, options: Options, static_inputs
     record.transfers = compiled.transfer_summary()
     record.memory = compiled.memory_summary()
     compiled.memory.name = record.graph
+    if record.communication is not None:  # what a call sends between the mesh's devices
+        found = record.communication["collectives"].values()
+        compiled.collective_bytes = sum(c["bytes"] for c in found)
     records.finish(record)
     return compiled
 

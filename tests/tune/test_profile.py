@@ -14,7 +14,11 @@ from __future__ import annotations
 import collections
 import gzip
 import json
+import os
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -139,3 +143,24 @@ def test_the_profile_command_runs_a_script_with_its_arguments(tmp_path, capsys):
     graphs = json.loads((out / "profile.json").read_text())["graphs"]
     assert [g["calls"] for g in graphs.values()] == [2]
     assert "| graph | calls |" in capsys.readouterr().out
+
+
+def test_a_call_over_a_mesh_counts_its_collectives(tmp_path):
+    """8 virtual devices (a process of its own: the count is fixed when jax starts): each call
+    adds the bytes its compile record's collectives report gives."""
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    program = root / "tests" / "tune" / "programs" / "sharded_profile.py"
+    done = subprocess.run(
+        [sys.executable, str(program), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    facts = json.loads(done.stdout.splitlines()[-1])
+    assert facts["reported"]
+    for graph, per_call in facts["reported"].items():
+        assert per_call > 0 and facts["graphs"][graph]["collective_bytes"] == 3 * per_call

@@ -39,6 +39,7 @@ class GraphFigures:
     compiles: int = 0  # PJRT compiles (a cache hit is not one)
     compile_s: float = 0.0  # every compile stage's time (lower, compile, cache lookup)
     need_bytes: int = 0  # per device, the largest a call needs beyond the resident state
+    collective_bytes: int = 0  # per device, what its calls' collectives moved over a mesh
 
 
 figures: dict[str, GraphFigures] = {}
@@ -67,9 +68,13 @@ def span(what: str, graph: str):
         yield
 
 
-def called(graph: str, host_s: float, device_s: float, crossed: int, need: int) -> None:
-    """One call of `graph`: its host and device seconds, bytes crossed, memory need."""
+def called(
+    graph: str, host_s: float, device_s: float, crossed: int, need: int, collective: int = 0
+) -> None:
+    """One call of `graph`: its host and device seconds, bytes crossed, memory need, and the
+    bytes its collectives moved per device."""
     found = figures.setdefault(graph, GraphFigures())
+    found.collective_bytes += collective
     found.calls += 1
     found.host_s += host_s
     found.device_s += device_s

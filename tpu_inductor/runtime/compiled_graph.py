@@ -116,6 +116,9 @@ class CompiledGraph:
         self.memory = memory.track(
             self, executable, device, self.plan, self._shardings, lowered, self._calls
         )
+        # Over a mesh, the bytes per device its collectives move in one call (the compile
+        # stages set it from the collectives report; profiles count it).
+        self.collective_bytes = 0
 
     @property
     def ledger(self) -> collections.Counter:
@@ -207,7 +210,7 @@ class CompiledGraph:
                 returned = self._receive(results, args)
         host = time.perf_counter() - start - executed
         crossed = self._crossed_bytes() - before
-        profiling.called(name, host, executed, crossed, self.memory.need)
+        profiling.called(name, host, executed, crossed, self.memory.need, self.collective_bytes)
         return returned
 
     def _crossed_bytes(self) -> int:

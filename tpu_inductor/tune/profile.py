@@ -4,7 +4,8 @@ Inside the block, jax's profiler traces the devices and the host (`dir/plugins/p
 `*.xplane.pb` for TensorBoard's profile plugin, `perfetto_trace.json.gz` for Perfetto), and
 every compiled graph's call, compile stage and eager region is a named host range there and in
 `torch.profiler` (debug/profiling.py names them). At its end, a table per graph (calls, device
-and host milliseconds, bytes crossed, compiles, the memory a call needs per device) and the
+and host milliseconds, bytes crossed, compiles, the memory a call needs per device, and over a
+mesh the bytes its collectives moved per device) and the
 process's figures (compiles, bytes crossed by kind, per-device peak estimate, each bucketed
 graph's buckets and padded share) are written to
 `dir/profile.md` and `dir/profile.json`, and kept on the object the block yields.
@@ -44,14 +45,14 @@ class Profile:
         """The per-graph table and the process's figures, as markdown."""
         lines = [
             "| graph | calls | device ms | host ms | bytes crossed | compiles | compile s "
-            "| need bytes/device |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| need bytes/device | collective bytes/device |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for name, g in self.graphs.items():
             lines.append(
                 f"| {name} | {g['calls']} | {g['device_ms']:.2f} | {g['host_ms']:.2f} "
                 f"| {g['crossed_bytes']:,} | {g['compiles']} | {g['compile_s']:.2f} "
-                f"| {g['need_bytes']:,} |"
+                f"| {g['need_bytes']:,} | {g['collective_bytes']:,} |"
             )
         t = self.totals
         peak = ", ".join(f"{d} {b:,} bytes" for d, b in t["peak_bytes"].items()) or "-"
@@ -120,6 +121,7 @@ def profile(dir: str | os.PathLike, *, python: bool = False):
                 "compiles": g.compiles,
                 "compile_s": g.compile_s,
                 "need_bytes": g.need_bytes,
+                "collective_bytes": g.collective_bytes,
             }
             for name, g in profiling.figures.items()
         }

@@ -15,6 +15,7 @@ FIGURES = (
     ("compile_s", "compile time, s", "{:,.2f}"),
     ("wall_s", "the run's wall time, s", "{:,.2f}"),
     ("crossed_bytes", "bytes crossed host <-> device", "{:,.0f}"),
+    ("collective_bytes", "bytes collectives moved per device (over a mesh)", "{:,.0f}"),
     ("peak_bytes", "peak bytes per device (estimate)", "{:,.0f}"),
 )
 

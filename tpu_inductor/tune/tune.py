@@ -69,6 +69,7 @@ def figures(record: dict) -> dict[str, float]:
         "compile_s": sum(g["compile_s"] for g in graphs),
         "wall_s": record["wall_s"],
         "crossed_bytes": totals["crossed_bytes"],
+        "collective_bytes": sum(g["collective_bytes"] for g in graphs),
         "peak_bytes": max(totals["peak_bytes"].values(), default=0),
     }
 
