@@ -60,6 +60,7 @@ RULE_MODULES = (
     "creation",
     "moe",
     "flex_attention",
+    "flex_attention_kernels",
     "torch_nn",
     "sharding",
 )
