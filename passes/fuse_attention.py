@@ -10,8 +10,9 @@ keys are read as any other mask). Rewrites, each counted in `ctx.rewrites`:
     bmm(softmax(steps(bmm(q, kᵀ))), v), steps from passes/fuse_patterns.py
         -> attention(q, k, v, mask, scale, ...)                             # written_out
     a mask that is a causal tril (passes/fuse_causal.py) -> its diagonal    # causal_mask
+    a causal tril and a sliding window -> the diagonal and the window      # sliding_window
     a padding mask: keys(b) & size-only terms (fuse_causal.key_mask)
-        -> the mask over keys alone [B, 1, 1, S] (and the diagonal)           # key_mask
+        -> the mask over keys alone [B, 1, 1, S] (and the band)               # key_mask
     K/V repeated for grouped-query attention -> the unrepeated K/V          # gqa_folded
 
 The other SDPA kernels (flash, efficient, cuDNN) take CUDA tensors, which the backend refuses;
@@ -103,33 +104,41 @@ def _sdpa(node: torch.fx.Node, ctx: PassContext) -> None:
         return
     q, k, v = kw["query"], kw["key"], kw["value"]
     scale = kw.get("scale")  # None: 1/sqrt(D), as for SDPA
-    mask, causal = kw.get("attn_mask"), 0 if kw.get("is_causal") else None
+    mask = kw.get("attn_mask")
+    causal = fuse_causal.Band(0) if kw.get("is_causal") else None
     counts = ["sdpa_backward" if node.target is _FLASH_BACKWARD else "sdpa_forward"]
     if mask is not None and causal is None:
         causal = _causal(mask, "zero", q, k)
         if causal is not None:
             mask = None
-            counts.append("causal_mask")
+            counts.append(_band_count(causal))
         elif (found := _key_mask(mask, _keep_when(mask), q, k)) is not None:
             mask, causal = found
-            counts += ["key_mask", *["causal_mask"] * (causal is not None)]
+            counts += ["key_mask", *([] if causal is None else [_band_count(causal)])]
+    diagonal, window = causal or (None, None)
     if node.target is _FLASH_BACKWARD:  # keeps the repeated K/V: its gradients are theirs
-        args = (kw["grad_out"], q, k, v, kw["out"], kw["logsumexp"], mask, scale, causal)
-        _replace(node, ours.attention_backward.default, args, counts, ctx)
+        args = (kw["grad_out"], q, k, v, kw["out"], kw["logsumexp"], mask, scale, diagonal)
+        _replace(node, ours.attention_backward.default, (*args, window), counts, ctx)
         return
     k, v, folded = _fold_gqa(q, k, v)
     counts += ["gqa_folded"] * folded
-    _replace(node, ours.attention.default, (q, k, v, mask, scale, causal, False), counts, ctx)
+    args = (q, k, v, mask, scale, diagonal, False, window)
+    _replace(node, ours.attention.default, args, counts, ctx)
+
+
+def _band_count(band: fuse_causal.Band) -> str:
+    """The rewrite a causal band counts as: a causal mask, or a sliding window."""
+    return "causal_mask" if band.window is None else "sliding_window"
 
 
 def _causal(mask: torch.fx.Node, keep_when: str, q: torch.fx.Node, k: torch.fx.Node):
     queries, keys = q.meta["val"].shape[-2], k.meta["val"].shape[-2]
-    return fuse_causal.diagonal(mask, keep_when=keep_when, queries=queries, keys=keys)
+    return fuse_causal.band(mask, keep_when=keep_when, queries=queries, keys=keys)
 
 
 def _key_mask(mask, keep_when, q, k):
     """fuse_causal.key_mask at q's and k's lengths: (a mask over keys alone or None, a causal
-    diagonal or None) keeping what `mask` keeps, or None."""
+    band or None) keeping what `mask` keeps, or None."""
     queries, keys = q.meta["val"].shape[-2], k.meta["val"].shape[-2]
     return fuse_causal.key_mask(mask, keep_when=keep_when, queries=queries, keys=keys)
 
@@ -200,7 +209,7 @@ def _written_out(softmax: torch.fx.Node, ctx: PassContext) -> None:
             return
         if made[1] is not None:
             causal = made[1]
-            counts.append("causal_mask")
+            counts.append(_band_count(causal))
         if made[0] is None:
             continue
         if bias is None:
@@ -212,7 +221,9 @@ def _written_out(softmax: torch.fx.Node, ctx: PassContext) -> None:
     k, v, folded = _fold_gqa(q, k, v)
     counts += ["gqa_folded"] * folded
     nan_rows = bias is not None and not safe
-    fused = insert_call(out_node, ours.attention.default, (q, k, v, bias, scale, causal, nan_rows))
+    diagonal, window = causal or (None, None)
+    args = (q, k, v, bias, scale, diagonal, nan_rows, window)
+    fused = insert_call(out_node, ours.attention.default, args)
     _replace(out_node, operator.getitem, (fused, 0), counts, ctx)
 
 
@@ -284,7 +295,7 @@ def _untransposed(kt: torch.fx.Node) -> torch.fx.Node:
 
 
 def _mask(step, got, softmax, q, k, counts=None):
-    """(additive float bias, bool mask over keys or None; causal diagonal or None) of a mask
+    """(additive float bias, bool mask over keys or None; causal band or None) of a mask
     step, or None. `counts`: the step is the only mask, and may become a mask over keys
     (fuse_causal.key_mask; a bool one is no term of a sum), its rewrite counted there."""
     m = got["m"]

@@ -5,7 +5,7 @@ HF's where(bool, 0, min) bias) is evaluated once, at compile time, when every si
 on is concrete: no placeholder (so no buffer or input) and no random op among its ancestors.
 It is causal with diagonal d when the keys it keeps are exactly j <= i + d for every leading
 index, with d = 0 (torch's is_causal) or d = S - L (a decode step: fewer queries than keys, the
-queries at the end); every dropped key must be -inf, or a finite fill no score reaches
+queries at the end), and a sliding window w when they are i + d - w < j <= i + d (a `Band`); every dropped key must be -inf, or a finite fill no score reaches
 (<= -1e30, HF's finfo.min), so that the flag changes no result. A mask with symbolic sizes, or
 one read from an input (GPT-2's bias buffer is a graph input), is left as a mask: still fused
 and exact, only without the flag.
@@ -13,11 +13,13 @@ and exact, only without the flag.
 `key_mask` splits a padding mask the same way: a keep-mask (or its where(keep, 0, -inf) bias)
 that is the and of one term read from the inputs over keys alone ([..., 1, 1, S]: HF's padding
 mask, indexed per batch) and terms computed from sizes alone that are all true or causal
-(HF's `sdpa_mask` ands its query-side `q_idx >= 0` and the causal tril into it) is that
-term and a diagonal: the forms the TPU's Splash kernel takes (segment ids, its causal mask).
+(HF's `sdpa_mask` ands its query-side `q_idx >= 0`, the causal tril and a sliding window into
+it) is that term and a band: the forms the TPU's Splash kernel takes (segment ids, its causal mask).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -27,8 +29,16 @@ _LARGEST = 1 << 24  # elements: a mask larger than this is not evaluated
 DROPPED_FILL = -1e30  # a fill at or below this acts as -inf next to any finite score
 
 
-def diagonal(mask: torch.fx.Node, *, keep_when: str, queries, keys) -> int | None:
-    """The causal diagonal `mask` stands for, or None. `keep_when` says how it keeps a key:
+class Band(NamedTuple):
+    """The keys a causal mask keeps for query i: j <= i + diagonal, and with a window (a
+    sliding window) i + diagonal - window < j as well."""
+
+    diagonal: int
+    window: int | None = None
+
+
+def band(mask: torch.fx.Node, *, keep_when: str, queries, keys) -> Band | None:
+    """The causal band `mask` stands for, or None. `keep_when` says how it keeps a key:
     "true" (a bool keep-mask), "false" (a bool drop-mask) or "zero" (an additive bias)."""
     value = _evaluate(mask)
     if value is None or not isinstance(queries, int) or not isinstance(keys, int):
@@ -43,21 +53,27 @@ def diagonal(mask: torch.fx.Node, *, keep_when: str, queries, keys) -> int | Non
         if value.dtype != torch.bool:
             return None
         keep = value if keep_when == "true" else ~value
-    return _tril_diagonal(keep, queries, keys)
+    return _band(keep, queries, keys)
 
 
-def _tril_diagonal(keep: torch.Tensor, queries: int, keys: int) -> int | None:
+def _band(keep: torch.Tensor, queries: int, keys: int) -> Band | None:
     if keep.dim() < 2 or tuple(keep.shape[-2:]) not in ((queries, keys), (1, keys)):
         return None
+    ones = torch.ones(queries, keys, dtype=torch.bool)
+    window = int(keep.sum(-1).max())  # a band's widest row holds the whole window
     for d in dict.fromkeys((0, keys - queries)):
-        tril = torch.ones(queries, keys, dtype=torch.bool).tril(d)
-        if d >= 0 and bool(torch.all(keep == tril)):
-            return d
+        if d < 0:
+            continue
+        tril = ones.tril(d)
+        if bool(torch.all(keep == tril)):
+            return Band(d)
+        if window and bool(torch.all(keep == (tril & ~ones.tril(d - window)))):
+            return Band(d, window)
     return None
 
 
 def key_mask(mask: torch.fx.Node, *, keep_when: str, queries, keys):
-    """(a bool mask over keys alone or None, a causal diagonal or None) that keep what `mask`
+    """(a bool mask over keys alone or None, a causal Band or None) that keep what `mask`
     keeps, or None. `keep_when`: "true" (a bool keep-mask) or "zero" (a float bias, read only
     as where(keep, 0, -inf): a finite fill would differ where a row keeps nothing)."""
     if not isinstance(queries, int) or not isinstance(keys, int):
@@ -70,7 +86,7 @@ def key_mask(mask: torch.fx.Node, *, keep_when: str, queries, keys):
         mask = mask.args[0]
     if not isinstance(mask, torch.fx.Node) or _dtype(mask) != torch.bool:
         return None
-    key, diagonal = None, None
+    key, sizes_only = None, None  # the term read from the inputs; the others and-ed
     for term in _and_terms(mask):
         value = _evaluate(term)
         if value is None:
@@ -79,12 +95,12 @@ def key_mask(mask: torch.fx.Node, *, keep_when: str, queries, keys):
             key = term
         elif value.dtype != torch.bool:
             return None
-        elif not bool(value.all()):
-            found = _tril_diagonal(value, queries, keys)
-            if found is None or diagonal is not None:
-                return None
-            diagonal = found
-    return key, diagonal
+        else:
+            sizes_only = value if sizes_only is None else sizes_only & value
+    if sizes_only is None or bool(sizes_only.all()):
+        return key, None
+    found = _band(sizes_only, queries, keys)
+    return None if found is None else (key, found)
 
 
 def _and_terms(node: torch.fx.Node) -> list[torch.fx.Node]:

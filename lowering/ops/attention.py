@@ -3,7 +3,7 @@
 The computation is the SDPA rules' (`sdpa._attention`, `sdpa._attention_backward`: float32 scores,
 softmax by logsumexp, grouped-query heads read without repeating them); this module only turns
 the op's mask forms into theirs: a bool mask becomes a 0 / -inf bias, a causal diagonal other
-than 0 (a decode step) a -inf bias above that diagonal; and grouped-query attention (fewer K/V
+than 0 (a decode step) a -inf bias above that diagonal, a window one below it too; and grouped-query attention (fewer K/V
 heads) is computed with q's heads folded into K/V's (`_grouped`), so the repeated K/V the SDPA
 rules build are never materialized.
 """
@@ -21,19 +21,22 @@ from .common import _results, accumulation_dtype
 from .sdpa import _attention, _attention_backward
 
 
-def _bias(q, k, mask, causal_diagonal):
+def _bias(q, k, mask, causal_diagonal, window=None):
     """(is_causal, additive float bias or None) for `sdpa._attention`. A bias made from a bool
-    mask or a diagonal is in the scores' dtype (under x64 a where of Python floats is float64,
+    mask, a diagonal or a window is in the scores' dtype (under x64 a where of Python floats is float64,
     which made every score float64: twice the temporaries, half the speed)."""
     bias = None
     if mask is not None:
         bias = _keep_bias(mask, q.dtype) if mask.dtype == jnp.bool_ else mask
-    if causal_diagonal in (None, 0) and _groups(q, k) == 1:
+    if causal_diagonal in (None, 0) and window is None and _groups(q, k) == 1:
         return causal_diagonal == 0, bias
     if causal_diagonal is None:
         return False, bias
     length, count = q.shape[-2], k.shape[-2]
-    causal = _keep_bias(jnp.tri(length, count, causal_diagonal, dtype=bool), q.dtype)
+    keep = jnp.tri(length, count, causal_diagonal, dtype=bool)
+    if window is not None:
+        keep &= ~jnp.tri(length, count, causal_diagonal - window, dtype=bool)
+    causal = _keep_bias(keep, q.dtype)
     return False, causal if bias is None else bias + causal
 
 
@@ -75,8 +78,8 @@ def _grouped(q, k, bias):
 
 
 @register_lowering(ours.attention.default, needs_ctx=True)
-def attention(ctx, q, k, v, mask, scale, causal_diagonal=None, empty_rows_nan=False):
-    is_causal, bias = _bias(q, k, mask, causal_diagonal)
+def attention(ctx, q, k, v, mask, scale, causal_diagonal=None, empty_rows_nan=False, window=None):
+    is_causal, bias = _bias(q, k, mask, causal_diagonal, window)
     grouped, grouped_bias, ungroup = _grouped(q, k, bias) if _groups(q, k) > 1 else (q, bias, None)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     out, lse = _attention(grouped, k, v, is_causal, grouped_bias, scale)
@@ -90,8 +93,10 @@ def attention(ctx, q, k, v, mask, scale, causal_diagonal=None, empty_rows_nan=Fa
 
 
 @register_lowering(ours.attention_backward.default, needs_ctx=True)
-def attention_backward(ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal=None):
-    is_causal, bias = _bias(q, k, mask, causal_diagonal)
+def attention_backward(
+    ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal=None, window=None
+):
+    is_causal, bias = _bias(q, k, mask, causal_diagonal, window)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     if _groups(q, k) == 1:
         return _results(ctx, _attention_backward(grad, q, k, v, out, lse, is_causal, bias, scale))

@@ -9,7 +9,8 @@ XLA form elsewhere, naming why:
   splash_attention`, one `tpu_custom_call` per call) when q's and K/V's leading dims agree, the
   dtype is float32 or bfloat16, both lengths are multiples of 128 (blocks of 512, 256 or 128
   that divide them), and the mask is one the kernel takes: none, a causal diagonal d >= 0 (its
-  `CausalMask` offset; decode steps included), and/or a bool mask over keys alone
+  `CausalMask` offset; decode steps included) or with a window (a sliding window: its
+  `LocalMask`), and/or a bool mask over keys alone
   ([..., 1, 1, S]: a padding mask, as fuse_attention leaves it) as the kernel's segment ids
   (kept keys 0, dropped 1; a query whose row keeps no key reads the dropped ones, since the
   kernel takes no empty row, and its results are replaced by the op's). Any other mask tensor
@@ -74,7 +75,7 @@ def _count(ctx, platform: str, kernel: str, reason: str | None) -> bool:
     return reason is None
 
 
-def splash_refusal(q, k, v, mask, causal_diagonal) -> str | None:
+def splash_refusal(q, k, v, mask, causal_diagonal, window=None) -> str | None:
     """Why the Splash kernel cannot compute this attention (None: it can)."""
     if q.ndim < 3 or q.shape[:-3] != k.shape[:-3] or k.shape[:-3] != v.shape[:-3]:
         return f"q {q.shape} and k {k.shape} have no common leading dims before [H, L, D]"
@@ -87,6 +88,8 @@ def splash_refusal(q, k, v, mask, causal_diagonal) -> str | None:
         )
     if causal_diagonal is not None and causal_diagonal < 0:
         return f"causal diagonal {causal_diagonal} leaves rows without keys"
+    if window is not None and window < 1:
+        return f"window {window} keeps no key"
     length, count = q.shape[-2], k.shape[-2]
     if length % LANES or count % LANES:
         return f"lengths {length}/{count} are not multiples of the {LANES}-wide blocks"
@@ -104,7 +107,7 @@ def _kept_keys(q, mask):
     return jnp.broadcast_to(mask.reshape(shape[:-3] + shape[-1:]), (*q.shape[:-3], shape[-1]))
 
 
-def _segments(keep, length, causal_diagonal):
+def _segments(keep, length, causal_diagonal, window):
     """Splash's segment ids for kept keys [N, S] (a key attends where the ids are equal): kept
     keys 0, dropped 1; queries 0, but a query whose row keeps no key 1 (the kernel's softmax
     takes no empty row: so it reads dropped keys, which exist there, and its results are
@@ -112,9 +115,12 @@ def _segments(keep, length, causal_diagonal):
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
     count = keep.shape[-1]
-    first = jnp.where(jnp.any(keep, -1), jnp.argmax(keep, -1), count)  # the first kept key
-    last = jnp.arange(length) + (count if causal_diagonal is None else causal_diagonal)
-    empty = first[:, None] > last[None, :]
+    rows = jnp.arange(length)
+    last = rows + (count if causal_diagonal is None else causal_diagonal)  # the row's keys:
+    first = rows + (-1 if window is None else causal_diagonal - window)  # first < j <= last
+    kept = jnp.pad(jnp.cumsum(keep, -1, dtype=jnp.int32), ((0, 0), (1, 0)))  # kept below j
+    at = lambda j: jnp.take(kept, jnp.clip(j, -1, count - 1) + 1, axis=-1)  # noqa: E731
+    empty = at(last) == at(first)
     ids = splash.SegmentIds(q=empty.astype(jnp.int32), kv=(~keep).astype(jnp.int32))
     return ids, empty
 
@@ -124,16 +130,17 @@ def _block(size: int) -> int:
 
 
 @functools.cache
-def _splash_kernel(heads, length, count, causal_diagonal, residuals, interpret):
+def _splash_kernel(heads, length, count, causal_diagonal, window, residuals, interpret):
     """The Splash kernel for [heads, length, D] queries against [.., count, D] keys."""
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
     shape = (length, count)
-    one = (
-        splash.FullMask(shape)
-        if causal_diagonal is None
-        else splash.CausalMask(shape, offset=causal_diagonal)
-    )
+    if causal_diagonal is None:
+        one = splash.FullMask(shape)
+    elif window is None:
+        one = splash.CausalMask(shape, offset=causal_diagonal)
+    else:  # keeps i + d - (window - 1) <= j <= i + d
+        one = splash.LocalMask(shape, window_size=(window - 1, 0), offset=causal_diagonal)
     bq, bkv = _block(length), _block(count)
     blocks = splash.BlockSizes(
         block_q=bq,
@@ -155,7 +162,17 @@ def _splash_kernel(heads, length, count, causal_diagonal, residuals, interpret):
 
 
 def splash_attention(
-    q, k, v, scale, causal_diagonal, mask=None, *, residuals=True, interpret=False, empty=0.0
+    q,
+    k,
+    v,
+    scale,
+    causal_diagonal,
+    mask=None,
+    window=None,
+    *,
+    residuals=True,
+    interpret=False,
+    empty=0.0,
 ):
     """The op's attention by the Splash kernel: (out, logsumexp) for q [..., H, L, D], k and
     v [..., Hkv, S, D] and a mask over keys alone or None (`splash_refusal` None), or out
@@ -167,12 +184,12 @@ def splash_attention(
     scaled = (q.astype(jnp.float32) * scale).astype(q.dtype)  # the kernel applies no scale
     flat = [t.reshape(-1, *t.shape[-3:]) for t in (scaled, k, v)]
     with x64_scope("narrow"):  # the kernel's index arithmetic mixes int32 with default ints
-        kernel = _splash_kernel(heads, length, count, causal_diagonal, residuals, interpret)
+        kernel = _splash_kernel(heads, length, count, causal_diagonal, window, residuals, interpret)
         if mask is None:
             result, rows = jax.vmap(kernel)(*flat), None
         else:
             keep = _kept_keys(q, mask).reshape(-1, count)
-            ids, rows = _segments(keep, length, causal_diagonal)
+            ids, rows = _segments(keep, length, causal_diagonal, window)
             result = jax.vmap(lambda q, k, v, i: kernel(q, k, v, segment_ids=i))(*flat, ids)
     out, lse = (result, None) if not residuals else (result[0], result[1][0])
     if rows is not None:
@@ -183,13 +200,16 @@ def splash_attention(
     return out if lse is None else (out, lse.reshape(*lead, *lse.shape[1:]))
 
 
-def splash_attention_grads(grad, q, k, v, scale, causal_diagonal, mask=None, *, interpret=False):
+def splash_attention_grads(
+    grad, q, k, v, scale, causal_diagonal, mask=None, window=None, *, interpret=False
+):
     """(dq, dk, dv) by the Splash kernel's own VJP (its dq and dkv kernels)."""
     fwd = functools.partial(
         splash_attention,
         scale=scale,
         causal_diagonal=causal_diagonal,
         mask=mask,
+        window=window,
         residuals=False,
         interpret=interpret,
     )
@@ -199,30 +219,37 @@ def splash_attention_grads(grad, q, k, v, scale, causal_diagonal, mask=None, *, 
 
 
 @register_lowering(ours.attention.default, platform="tpu", needs_ctx=True)
-def attention_tpu(ctx, q, k, v, mask, scale, causal_diagonal=None, empty_rows_nan=False):
-    if not _count(ctx, "tpu", "splash", splash_refusal(q, k, v, mask, causal_diagonal)):
-        return xla_form.attention(ctx, q, k, v, mask, scale, causal_diagonal, empty_rows_nan)
+def attention_tpu(
+    ctx, q, k, v, mask, scale, causal_diagonal=None, empty_rows_nan=False, window=None
+):
+    refusal = splash_refusal(q, k, v, mask, causal_diagonal, window)
+    if not _count(ctx, "tpu", "splash", refusal):
+        return xla_form.attention(
+            ctx, q, k, v, mask, scale, causal_diagonal, empty_rows_nan, window
+        )
     empty = jnp.nan if empty_rows_nan else 0.0
-    interpret = ctx.interpret_kernels
     result = splash_attention(
-        q, k, v, scale, causal_diagonal, mask, interpret=interpret, empty=empty
+        q, k, v, scale, causal_diagonal, mask, window, interpret=ctx.interpret_kernels, empty=empty
     )
     return _results(ctx, result)
 
 
 @register_lowering(ours.attention_backward.default, platform="tpu", needs_ctx=True)
-def attention_backward_tpu(ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal=None):
-    if not _count(ctx, "tpu", "splash", splash_refusal(q, k, v, mask, causal_diagonal)):
+def attention_backward_tpu(
+    ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal=None, window=None
+):
+    refusal = splash_refusal(q, k, v, mask, causal_diagonal, window)
+    if not _count(ctx, "tpu", "splash", refusal):
         return xla_form.attention_backward(
-            ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal
+            ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal, window
         )
     grads = splash_attention_grads(
-        grad, q, k, v, scale, causal_diagonal, mask, interpret=ctx.interpret_kernels
+        grad, q, k, v, scale, causal_diagonal, mask, window, interpret=ctx.interpret_kernels
     )
     return _results(ctx, grads)
 
 
-def cudnn_refusal(q, k, v, mask, causal_diagonal) -> str | None:
+def cudnn_refusal(q, k, v, mask, causal_diagonal, window=None) -> str | None:
     """Why cuDNN's kernel is not tried for this attention (None: try it; jax checks the rest)."""
     if q.ndim != 4 or k.ndim != 4:
         return f"q {q.shape}: cuDNN takes [B, H, L, D] attention only"
@@ -230,6 +257,8 @@ def cudnn_refusal(q, k, v, mask, causal_diagonal) -> str | None:
         return f"dtype {q.dtype} (cuDNN takes float16 and bfloat16)"
     if causal_diagonal not in (None, 0):
         return f"causal diagonal {causal_diagonal} (cuDNN's causal mask is the main diagonal)"
+    if window is not None:
+        return f"window {window} (kept to the XLA form: cuDNN's local window is unchecked)"
     if mask is not None:  # cuDNN would take it as a bias; a row it empties is unchecked there
         return f"a {mask.dtype} mask tensor (kept to the XLA form: its empty rows are exact)"
     return None
@@ -266,22 +295,28 @@ def _cudnn(platform_rule, *args):
 
 
 @register_lowering(ours.attention.default, platform="cuda", needs_ctx=True)
-def attention_cuda(ctx, q, k, v, mask, scale, causal_diagonal=None, empty_rows_nan=False):
-    result, refusal = None, cudnn_refusal(q, k, v, mask, causal_diagonal)
+def attention_cuda(
+    ctx, q, k, v, mask, scale, causal_diagonal=None, empty_rows_nan=False, window=None
+):
+    result, refusal = None, cudnn_refusal(q, k, v, mask, causal_diagonal, window)
     if refusal is None:
         result, refusal = _cudnn(_cudnn_forward, q, k, v, scale, causal_diagonal)
     if not _count(ctx, "cuda", "cudnn", refusal):
-        return xla_form.attention(ctx, q, k, v, mask, scale, causal_diagonal, empty_rows_nan)
+        return xla_form.attention(
+            ctx, q, k, v, mask, scale, causal_diagonal, empty_rows_nan, window
+        )
     return _results(ctx, result)
 
 
 @register_lowering(ours.attention_backward.default, platform="cuda", needs_ctx=True)
-def attention_backward_cuda(ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal=None):
-    result, refusal = None, cudnn_refusal(q, k, v, mask, causal_diagonal)
+def attention_backward_cuda(
+    ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal=None, window=None
+):
+    result, refusal = None, cudnn_refusal(q, k, v, mask, causal_diagonal, window)
     if refusal is None:
         result, refusal = _cudnn(_cudnn_grads, grad, q, k, v, scale, causal_diagonal)
     if not _count(ctx, "cuda", "cudnn", refusal):
         return xla_form.attention_backward(
-            ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal
+            ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal, window
         )
     return _results(ctx, result)

@@ -1,6 +1,6 @@
 """Default options, compiled ahead of time for a TPU (as `tpu-inductor compile --platform tpu`):
-every attention of the zoo's Llama, GPT-2, a grouped-query Mistral and BERT with a padding
-mask is the Splash kernel, and no module holds a sequence x sequence tensor (the fusions are
+every attention of the zoo's Llama, GPT-2, a grouped-query Mistral with a sliding window and
+BERT with a padding mask is the Splash kernel, and no module holds a sequence x sequence tensor (the fusions are
 on by default for platform tpu: config.FUSION_DEFAULTS). Head dims 64 and 128; 512 and 2048 tokens. The kernel's numbers at these shapes: tests/lowering/
 test_attention_interpret.py.
 """
@@ -20,8 +20,8 @@ LAYERS = 2
 
 
 def _mistral(length: int):
-    """A Mistral (grouped-query attention 8:2, head dim 128, a sliding window wider than the
-    sequence) from a tiny config."""
+    """A Mistral (grouped-query attention 8:2, head dim 128, a sliding window of half the
+    sequence: Splash's LocalMask) from a tiny config."""
     import torch
     import transformers as tf
 
@@ -34,7 +34,7 @@ def _mistral(length: int):
         num_key_value_heads=2,
         head_dim=128,
         max_position_embeddings=2 * length,
-        sliding_window=2 * length,
+        sliding_window=length // 2,
         attn_implementation="sdpa",
     )
     torch.manual_seed(0)

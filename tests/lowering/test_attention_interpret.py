@@ -19,13 +19,14 @@ from tests.helpers import assert_same
 from tpu_inductor.ops.attention import ops
 
 
-def _op_forward_and_backward(scale, diagonal):
+def _op_forward_and_backward(scale, diagonal, window):
     """The op's forward and backward, as fuse_attention emits them for a training step."""
 
     def fn(q, k, v, grad, *mask):
         m = mask[0] if mask else None
-        out, lse = ops.attention(q, k, v, m, scale, diagonal)
-        return (out, *ops.attention_backward(grad, q, k, v, out, lse, m, scale, diagonal))
+        out, lse = ops.attention(q, k, v, m, scale, diagonal, False, window)
+        grads = ops.attention_backward(grad, q, k, v, out, lse, m, scale, diagonal, window)
+        return (out, *grads)
 
     return fn
 
@@ -64,18 +65,23 @@ def _eager(q, k, v, grad, keep, scale, dtype):
     return [out.detach(), *(t.grad for t in leaves)]
 
 
-def _keep(length, count, diagonal, padding, batch):
-    """The bool keep-mask eager attention reads: a causal diagonal and/or keys padded at the
-    start (`padding[b]` keys of sequence b), broadcast to [B, 1, L, S]."""
+def _keep(length, count, diagonal, window, padding, batch):
+    """The bool keep-mask eager attention reads: a causal diagonal (and window) and/or keys
+    padded at the start (`padding[b]` keys of sequence b), broadcast to [B, 1, L, S]."""
     keep = torch.ones(batch, 1, length, count, dtype=torch.bool)
+    ones = torch.ones(length, count, dtype=torch.bool)
     if diagonal is not None:
-        keep &= torch.ones(length, count, dtype=torch.bool).tril(diagonal)
+        keep &= ones.tril(diagonal)
+    if window is not None:
+        keep &= ~ones.tril(diagonal - window)
     for b, pad in enumerate(padding or ()):
         keep[b, ..., :pad] = False
     return None if diagonal is None and not padding else keep
 
 
-def _check(heads, kv_heads, length, count, dim, diagonal=None, padding=None, **bfloat16):
+def _check(
+    heads, kv_heads, length, count, dim, diagonal=None, padding=None, window=None, **bfloat16
+):
     """The op at these sizes, forward and backward: the TPU's rules interpreted against eager
     float64 (`bfloat16={"slack": r}`: bfloat16 inputs, each result's mean error at most r
     times eager bfloat16's)."""
@@ -93,9 +99,10 @@ def _check(heads, kv_heads, length, count, dim, diagonal=None, padding=None, **b
         for b, pad in enumerate(padding):
             keys[b, ..., :pad] = False
         mask = [keys]
-    got, choices = _interpreted(_op_forward_and_backward(scale, diagonal), [*args, *mask])
+    fn = _op_forward_and_backward(scale, diagonal, window)
+    got, choices = _interpreted(fn, [*args, *mask])
     assert choices == {"tpu.splash": 2}
-    keep = _keep(length, count, diagonal, padding, batch)
+    keep = _keep(length, count, diagonal, window, padding, batch)
     exact = _eager(*args, keep, scale, torch.float64)
     if dtype == torch.float32:
         for a, e in zip(got, exact):
@@ -133,6 +140,16 @@ def test_padding_and_causal_empty_rows():
     """A left-padded causal batch: the padded queries' rows keep no key (the op gives 0 and
     no gradient there; the kernel, which takes no empty row, reads the dropped keys)."""
     _check(4, 2, 256, 256, 128, diagonal=0, padding=(0, 130))
+
+
+def test_sliding_window():
+    """Mistral's sliding window (128 keys) over 512 tokens: Splash's LocalMask."""
+    _check(8, 2, 512, 512, 128, diagonal=0, window=128)
+
+
+def test_sliding_window_with_padding():
+    """A sliding window over a left-padded batch: the padded queries' windows keep no key."""
+    _check(4, 2, 256, 256, 64, diagonal=0, window=100, padding=(0, 130))
 
 
 def test_decode_diagonal():

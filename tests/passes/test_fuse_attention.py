@@ -324,3 +324,41 @@ def test_padding_mask_becomes_a_mask_over_keys(name, causal):
     assert counts[True].get("key_mask") == 2, counts[True]
     assert counts[True].get("causal_mask", 0) == causal, counts[True]
     assert_same(logits[True], logits[False], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("padding", [False, True], ids=["causal", "padded"])
+def test_sliding_window_becomes_the_ops_window(padding):
+    """Mistral's sliding window (3 keys over 8 tokens; with a left-padded batch, and-ed with
+    the padding mask): the op's diagonal and window, the band Splash's LocalMask keeps;
+    logits equal the unfused ones."""
+    import transformers as tf
+
+    config = tf.MistralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=3,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    model = tf.MistralForCausalLM(config).eval()
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    kwargs = {"input_ids": ids, "use_cache": False}
+    if padding:
+        kwargs["attention_mask"] = torch.ones_like(ids)
+        kwargs["attention_mask"][0, :5] = 0
+    logits, counts = {}, {}
+    for fuse in (True, False):
+        torch._dynamo.reset()
+        before = collections.Counter(pipeline.counters)
+        options = {"cache": False, "fallback": "error", "fusion": {"attention": fuse}}
+        with torch.no_grad():
+            compiled = torch.compile(model, backend="tpu_inductor", options=options)
+            logits[fuse] = compiled(**kwargs).logits
+        counts[fuse] = _rewrites_since(before)
+    assert counts[True].get("sliding_window") == 2, counts[True]
+    assert counts[True].get("key_mask", 0) == 2 * padding, counts[True]
+    assert_same(logits[True], logits[False], rtol=1e-6, atol=1e-6)

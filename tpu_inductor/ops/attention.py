@@ -1,14 +1,16 @@
 """`tpu_inductor::attention`: the one attention op the fusion passes rewrite attention into.
 
-    attention(q, k, v, mask, scale, causal_diagonal=None, empty_rows_nan=False) -> (out, lse)
-    attention_backward(grad, q, k, v, out, lse, mask, scale, causal_diagonal=None)
+    attention(q, k, v, mask, scale, causal_diagonal=None, empty_rows_nan=False, window=None)
+        -> (out, lse)
+    attention_backward(grad, q, k, v, out, lse, mask, scale, causal_diagonal=None, window=None)
         -> (dq, dk, dv)
 
 q is [..., H, L, D]; k and v are [..., Hkv, S, D] and [..., Hkv, S, Dv] with H a multiple of
 Hkv (grouped-query attention: query heads h*g .. h*g+g-1 read key/value head h, the repeated
 heads are never built). `mask` (None, bool: True keeps a key, or float: added to the scores)
 broadcasts to [..., H, L, S]. `causal_diagonal` d keeps key j for query i when j <= i + d
-(0: torch's is_causal; S - L: a decode step's queries at the end of the keys). Scores are
+(0: torch's is_causal; S - L: a decode step's queries at the end of the keys); `window` w
+(with a diagonal: a sliding window) keeps only the w keys i + d - w < j <= i + d. Scores are
 `scale * q·kᵀ` (scale None: 1/sqrt(D)), softmax in float32 (float64 inputs: float64); `lse`
 (that dtype, [..., H, L]) is the logsumexp over keys.
 A row whose every key is masked out gives 0 and lse 0 (torch's SDPA kernels and
@@ -45,12 +47,15 @@ def _scale(q: torch.Tensor, scale: float | None) -> float:
     return 1 / math.sqrt(q.shape[-1]) if scale is None else scale
 
 
-def _scores(q, k, mask, scale, causal_diagonal):
+def _scores(q, k, mask, scale, causal_diagonal, window=None):
     scores = torch.matmul(_acc(q), _keys_for(q, k).transpose(-1, -2)) * _scale(q, scale)
     if causal_diagonal is not None:
         length, count = scores.shape[-2:]
-        keep = torch.ones(length, count, dtype=torch.bool, device=q.device)
-        scores = scores.masked_fill(~keep.tril(causal_diagonal), -torch.inf)
+        ones = torch.ones(length, count, dtype=torch.bool, device=q.device)
+        keep = ones.tril(causal_diagonal)
+        if window is not None:
+            keep &= ~ones.tril(causal_diagonal - window)
+        scores = scores.masked_fill(~keep, -torch.inf)
     if mask is not None:
         scores = (
             scores.masked_fill(~mask, -torch.inf) if mask.dtype == torch.bool else scores + mask
@@ -67,8 +72,9 @@ def attention(
     scale: float | None,
     causal_diagonal: int | None = None,
     empty_rows_nan: bool = False,
+    window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    scores = _scores(q, k, mask, scale, causal_diagonal)
+    scores = _scores(q, k, mask, scale, causal_diagonal, window)
     lse = torch.logsumexp(scores, dim=-1)
     empty = torch.isneginf(lse)
     lse = lse.masked_fill(empty, 0.0)
@@ -78,7 +84,7 @@ def attention(
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, mask, scale, causal_diagonal=None, empty_rows_nan=False):
+def _attention_fake(q, k, v, mask, scale, causal_diagonal=None, empty_rows_nan=False, window=None):
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     return out, q.new_empty(q.shape[:-1], dtype=torch.promote_types(q.dtype, torch.float32))
 
@@ -94,8 +100,9 @@ def attention_backward(
     mask: torch.Tensor | None,
     scale: float | None,
     causal_diagonal: int | None = None,
+    window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    weights = torch.exp(_scores(q, k, mask, scale, causal_diagonal) - lse[..., None])
+    weights = torch.exp(_scores(q, k, mask, scale, causal_diagonal, window) - lse[..., None])
     g = _acc(grad)
     d_weights = torch.matmul(g, _keys_for(q, v).transpose(-1, -2))
     d_scores = weights * (d_weights - (g * _acc(out)).sum(-1, keepdim=True)) * _scale(q, scale)
@@ -106,7 +113,9 @@ def attention_backward(
 
 
 @attention_backward.register_fake
-def _attention_backward_fake(grad, q, k, v, out, lse, mask, scale, causal_diagonal=None):
+def _attention_backward_fake(
+    grad, q, k, v, out, lse, mask, scale, causal_diagonal=None, window=None
+):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous
 
 
@@ -119,9 +128,9 @@ def _sum_groups(grad: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, mask, scale, causal_diagonal, _ = inputs
+    q, k, v, mask, scale, causal_diagonal, _, window = inputs
     ctx.save_for_backward(q, k, v, output[0], output[1], mask)
-    ctx.scale, ctx.causal_diagonal = scale, causal_diagonal
+    ctx.scale, ctx.causal_diagonal, ctx.window = scale, causal_diagonal, window
 
 
 def _backward(ctx, grad_out, _grad_lse):
@@ -131,8 +140,10 @@ def _backward(ctx, grad_out, _grad_lse):
             "learned attention bias out of the fusion (options={'fusion': {'attention': False}})."
         )
     q, k, v, out, lse, mask = ctx.saved_tensors
-    grads = attention_backward(grad_out, q, k, v, out, lse, mask, ctx.scale, ctx.causal_diagonal)
-    return (*grads, None, None, None, None)
+    grads = attention_backward(
+        grad_out, q, k, v, out, lse, mask, ctx.scale, ctx.causal_diagonal, ctx.window
+    )
+    return (*grads, None, None, None, None, None)
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)
