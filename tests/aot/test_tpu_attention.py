@@ -1,7 +1,7 @@
 """Default options, compiled ahead of time for a TPU (as `tpu-inductor compile --platform tpu`):
 every attention of the zoo's Llama, GPT-2, a grouped-query Mistral with a sliding window and
 BERT with a padding mask is the Splash kernel, and no module holds a sequence x sequence tensor (the fusions are
-on by default for platform tpu: config.FUSION_DEFAULTS). Head dims 64 and 128; 512 and 2048 tokens. The kernel's numbers at these shapes: tests/lowering/
+on by default for platform tpu: config.FUSION_DEFAULTS). Head dims 64 and 128; 512 tokens, and 2048 in the slow run (`make test-slow`). The kernel's numbers at these shapes: tests/lowering/
 test_attention_interpret.py.
 """
 
@@ -69,7 +69,7 @@ def _check(tmp_path, monkeypatch, name: str, length: int):
     assert record["kernel_choices"] == {"tpu.splash": LAYERS}
 
 
-@pytest.mark.parametrize("length", [512, 2048])
+@pytest.mark.parametrize("length", [512, pytest.param(2048, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", ["llama", "gpt2", "mistral", "bert"])
 def test_every_attention_is_splash(tmp_path, monkeypatch, name, length):
     _check(tmp_path, monkeypatch, name, length)
