@@ -116,8 +116,9 @@ def _segments(keep, length, causal_diagonal, window):
 
     count = keep.shape[-1]
     rows = jnp.arange(length)
-    last = rows + (count if causal_diagonal is None else causal_diagonal)  # the row's keys:
-    first = rows + (-1 if window is None else causal_diagonal - window)  # first < j <= last
+    # the keys row i may keep: first < j <= last
+    last = rows + (count if causal_diagonal is None else causal_diagonal)
+    first = rows + causal_diagonal - window if window is not None else jnp.full_like(rows, -1)
     kept = jnp.pad(jnp.cumsum(keep, -1, dtype=jnp.int32), ((0, 0), (1, 0)))  # kept below j
     at = lambda j: jnp.take(kept, jnp.clip(j, -1, count - 1) + 1, axis=-1)  # noqa: E731
     empty = at(last) == at(first)

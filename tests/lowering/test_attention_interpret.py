@@ -65,6 +65,11 @@ def _eager(q, k, v, grad, keep, scale, dtype):
     return [out.detach(), *(t.grad for t in leaves)]
 
 
+def _padded(pad: int) -> slice:
+    """The keys `pad` drops: the first `pad`, or the last `-pad` where it is negative."""
+    return slice(None, pad) if pad >= 0 else slice(pad, None)
+
+
 def _keep(length, count, diagonal, window, padding, batch):
     """The bool keep-mask eager attention reads: a causal diagonal (and window) and/or keys
     padded at the start (`padding[b]` keys of sequence b), broadcast to [B, 1, L, S]."""
@@ -75,7 +80,7 @@ def _keep(length, count, diagonal, window, padding, batch):
     if window is not None:
         keep &= ~ones.tril(diagonal - window)
     for b, pad in enumerate(padding or ()):
-        keep[b, ..., :pad] = False
+        keep[b, ..., _padded(pad)] = False
     return None if diagonal is None and not padding else keep
 
 
@@ -97,7 +102,7 @@ def _check(
     if padding:  # the op's mask over keys alone, [B, 1, 1, S] (fuse_attention's key mask)
         keys = torch.ones(batch, 1, 1, count, dtype=torch.bool)
         for b, pad in enumerate(padding):
-            keys[b, ..., :pad] = False
+            keys[b, ..., _padded(pad)] = False
         mask = [keys]
     fn = _op_forward_and_backward(scale, diagonal, window)
     got, choices = _interpreted(fn, [*args, *mask])
@@ -150,6 +155,11 @@ def test_sliding_window():
 def test_sliding_window_with_padding():
     """A sliding window over a left-padded batch: the padded queries' windows keep no key."""
     _check(4, 2, 256, 256, 64, diagonal=0, window=100, padding=(0, 130))
+
+
+def test_right_padding_and_causal():
+    """Keys padded at the end of a causal batch: every row keeps its first keys."""
+    _check(4, 2, 256, 256, 128, diagonal=0, padding=(0, -100))
 
 
 def test_decode_diagonal():
