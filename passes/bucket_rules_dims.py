@@ -197,6 +197,19 @@ def _contract(b, node):
     return tuple([*batch, la[r - 2], lw[r - 1]])
 
 
+def _topk(b, node):
+    """topk along an unpadded dim (an MoE router's experts): each row on its own."""
+    layout = b.layout(node.args[0])
+    dim = (node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", -1)) % len(layout)
+    if b._padded(layout[dim]):
+        raise Refused(f"{node.name} ({node.target}) picks along a padded dim")
+    out = tuple(
+        (size_expr(node.meta["val"][0].shape[dim]),) if i == dim else f
+        for i, f in enumerate(layout)
+    )
+    return [out, out]
+
+
 def _pointwise(b, node):
     return _broadcast(b, node)
 
@@ -212,5 +225,6 @@ RULES = {
     aten.squeeze.dims: _squeeze,
     aten.squeeze.default: _squeeze,
     aten.expand.default: _expand,
+    aten.topk.default: _topk,
     **dict.fromkeys((aten.mm.default, aten.bmm.default, aten.addmm.default), _contract),
 }
