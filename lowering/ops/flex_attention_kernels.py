@@ -1,9 +1,10 @@
 """FlexAttention on the TPU: the attentions Splash computes go to its kernel.
 
-Splash takes a mask it knows (full, or causal) and no score_mod. So a `flex_attention` whose
-`score_mod` returns the score as it is and whose `mask_mod` is `q_idx >= kv_idx` (or absent:
-every key) becomes the Splash call the attention op makes (lowering/ops/attention_kernels.py:
-GQA, scale, logsumexp), and its backward the kernel's own VJP. The rest, and any shape or
+Splash takes a mask it knows (full, causal, a causal window) and no score_mod. So a
+`flex_attention` whose `score_mod` returns the score as it is and whose `mask_mod` is
+`q_idx >= kv_idx`, that and `q_idx - kv_idx <= w` (a sliding window), or absent (every key)
+becomes the Splash call the attention op makes (lowering/ops/attention_kernels.py: GQA,
+scale, logsumexp), and its backward the kernel's own VJP. The rest, and any shape or
 dtype the kernel refuses, take the XLA form (lowering/ops/flex_attention.py); each choice is
 counted with its reason in the module's kernel choices (`tpu.flex_attention.splash`,
 `tpu.flex_attention.xla: <reason>`). Recognized by the subgraphs' structure, not by
@@ -27,6 +28,9 @@ aten, hop = torch.ops.aten, torch.ops.higher_order
 
 # mask_mod(b, h, q_idx, kv_idx): the comparisons that say "causal" (query at or after key)
 _CAUSAL = {(aten.ge.Tensor, 2, 3), (aten.le.Tensor, 3, 2)}
+_AND = (aten.bitwise_and.Tensor, aten.logical_and.default)
+# q_idx - kv_idx compared with a number: how much the window is wider than it
+_BAND = {aten.le.Scalar: 1, aten.lt.Scalar: 0}
 
 
 @register_lowering(hop.flex_attention, platform="tpu", needs_ctx=True)
@@ -43,13 +47,13 @@ def flex_attention_tpu(
     mask_mod_other_buffers=(),
 ):
     buffers = (score_mod_other_buffers, mask_mod_other_buffers)
-    diagonal, reason = _splash_form(query, key, value, score_mod, block_mask, *buffers)
+    (diagonal, window), reason = _splash_form(query, key, value, score_mod, block_mask, *buffers)
     if reason is None and _reads_result(ctx.node, 2):
         reason = "the max scores asked for (return_aux max_scores)"
     if not _count(ctx, reason):
         return portable.xla_form(ctx, query, key, value, score_mod, block_mask, scale, *buffers)
     out, lse = attention_kernels.splash_attention(
-        query, key, value, scale, diagonal, mask=None, interpret=ctx.interpret_kernels
+        query, key, value, scale, diagonal, None, window, interpret=ctx.interpret_kernels
     )
     results = [out, lse / math.log(2)]
     if len(ctx.out) > 2:  # the max scores, read by nothing (checked above): NaN, never a value
@@ -76,7 +80,7 @@ def flex_attention_backward_tpu(
     mask_mod_other_buffers=(),
 ):
     buffers = (score_mod_other_buffers, mask_mod_other_buffers)
-    diagonal, reason = _splash_form(query, key, value, fw_graph, block_mask, *buffers)
+    (diagonal, window), reason = _splash_form(query, key, value, fw_graph, block_mask, *buffers)
     if reason is None and grad_logsumexp is not None:
         reason = "a gradient of the logsumexp (the kernel's VJP takes the output's alone)"
     if not _count(ctx, reason):
@@ -85,7 +89,7 @@ def flex_attention_backward_tpu(
             joint_graph, block_mask, scale, kernel_options, *buffers,
         )  # fmt: skip
     grads = attention_kernels.splash_attention_grads(
-        grad_out, query, key, value, scale, diagonal, mask=None, interpret=ctx.interpret_kernels
+        grad_out, query, key, value, scale, diagonal, None, window, interpret=ctx.interpret_kernels
     )
     grads = tuple(g.astype(ctx.jax_dtype(e.dtype)) for g, e in zip(grads, ctx.out))
     return (*grads, ()) if len(ctx.out) > 3 else grads
@@ -104,17 +108,16 @@ def _count(ctx, reason: str | None) -> bool:
 
 
 def _splash_form(query, key, value, score_mod, block_mask, score_buffers, mask_buffers):
-    """(Splash's causal diagonal: 0 or None for every key, the reason it cannot: None)."""
+    """((Splash's causal diagonal, its window), the reason it cannot: None); the diagonal 0
+    or None (every key), the window None or the keys a row keeps up to its diagonal."""
     if score_buffers or mask_buffers:
-        return None, "score_mod or mask_mod reads captured tensors"
+        return (None, None), "score_mod or mask_mod reads captured tensors"
     if not _returns_its_score(score_mod):
-        return None, "a score_mod (Splash adds nothing to the scores)"
-    mask_mod = block_mask[-1]
-    diagonal = _causal_diagonal(mask_mod)
-    if diagonal == "unknown":
-        return None, "a mask_mod other than causal or every key"
-    reason = attention_kernels.splash_refusal(query, key, value, None, diagonal)
-    return diagonal, reason
+        return (None, None), "a score_mod (Splash adds nothing to the scores)"
+    form = _mask_form(block_mask[-1])
+    if form is None:
+        return (None, None), "a mask_mod other than causal, a causal window or every key"
+    return form, attention_kernels.splash_refusal(query, key, value, None, *form)
 
 
 def _returns_its_score(gm) -> bool:
@@ -125,20 +128,47 @@ def _returns_its_score(gm) -> bool:
     return bool(inputs) and result is inputs[0]
 
 
-def _causal_diagonal(gm):
-    """0 for a causal mask_mod, None for one that keeps every key (or none given), else
-    "unknown"."""
+def _mask_form(gm):
+    """(diagonal, window) of a mask_mod Splash has: (None, None) keeps every key (or none
+    given), (0, None) is causal, (0, w) a causal window (`(q >= kv) & (q - kv <= w - 1)`);
+    None for any other."""
     if gm is None:
-        return None
+        return None, None
     inputs, result = _ends(gm)
-    if not isinstance(result, torch.fx.Node) or result.op != "call_function":
-        return "unknown"
-    if result.target in (aten.new_ones.default, aten.ones.default) and _is_true(result):
+    if _is_true(result):
+        return None, None
+    if _is_causal(result, inputs):
+        return 0, None
+    if _is_call(result) and result.target in _AND and len(result.args) == 2:
+        for causal, band in (result.args, result.args[::-1]):
+            width = _band(band, inputs)
+            if _is_causal(causal, inputs) and width is not None:
+                return 0, width
+    return None
+
+
+def _is_call(node) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function"
+
+
+def _is_causal(node, inputs) -> bool:
+    """`q_idx >= kv_idx` (or `kv_idx <= q_idx`)."""
+    if not _is_call(node) or len(node.args) != 2:
+        return False
+    args = [inputs.index(a) if a in inputs else None for a in node.args]
+    return (node.target, *args) in _CAUSAL
+
+
+def _band(node, inputs) -> int | None:
+    """w for `q_idx - kv_idx <= w - 1` (or `< w`): the keys a row keeps up to its own."""
+    if not _is_call(node) or node.target not in _BAND or not isinstance(node.args[1], int):
         return None
-    args = [inputs.index(a) if a in inputs else None for a in result.args]
-    if len(args) == 2 and (result.target, *args) in _CAUSAL:
-        return 0
-    return "unknown"
+    difference = node.args[0]
+    if not _is_call(difference) or difference.target is not aten.sub.Tensor:
+        return None
+    if [inputs.index(a) if a in inputs else None for a in difference.args] != [2, 3]:
+        return None
+    return node.args[1] + _BAND[node.target]
 
 
 def _ends(gm):
@@ -151,5 +181,7 @@ def _ends(gm):
 
 def _is_true(node) -> bool:
     """Whether a ones-like node makes a bool scalar (the noop mask: every key kept)."""
+    if not _is_call(node) or node.target not in (aten.new_ones.default, aten.ones.default):
+        return False
     value = node.meta.get("val")
     return value is not None and value.dtype == torch.bool and value.dim() == 0

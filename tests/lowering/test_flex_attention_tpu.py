@@ -1,8 +1,8 @@
 """FlexAttention's TPU lowering run, not only emitted (lowering/ops/flex_attention_kernels.py):
 a training step's forward and backward traced to ATen, lowered by the TPU's rules and run on
 this CPU with the Pallas kernels interpreted (`GraphRunner(..., interpret_kernels=True)`),
-against eager torch. Causal and unmasked attentions (GQA too) are Splash calls; a score_mod or
-a mask reading captured tensors takes the XLA form, its reason counted.
+against eager torch. Causal, sliding-window and unmasked attentions (GQA too) are Splash calls;
+a score_mod or a mask reading captured tensors takes the XLA form, its reason counted.
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ def _causal(b, h, q, kv):
     return q >= kv
 
 
+def _sliding(b, h, q, kv):
+    return (q >= kv) & (q - kv <= 48)
+
+
 def _document(b, h, q, kv):
     return (_DOCUMENTS[q] == _DOCUMENTS[kv]) & (q >= kv)
 
@@ -37,6 +41,7 @@ def _alibi(score, b, h, q, kv):
 
 CASES = {  # mask_mod, score_mod, kv heads, the choice expected
     "causal": (_causal, None, 4, "tpu.flex_attention.splash"),
+    "sliding window": (_sliding, None, 4, "tpu.flex_attention.splash"),
     # (every key: torch's own noop mask, made outside the traced step as models make theirs)
     "every key, gqa": (noop_mask, None, 2, "tpu.flex_attention.splash"),
     "document": (_document, None, 4, "tpu.flex_attention.xla: score_mod or mask_mod reads"),
