@@ -4,8 +4,9 @@ The Hugging Face zoo (tests/hf_zoo.py: dense models, and the mixture-of-experts 
 their default experts and with batched experts) and the small GPT of tests/models/test_models:
 the logits, the loss and every parameter's gradient of a compiled bfloat16 step are no further
 from a float32 run of the same weights than twice eager bfloat16's distance plus one rounding
-(tests/numerics.py). MoE models run a batch whose routing bfloat16 cannot flip (see there).
-A few cases run in CI; the rest carry the `slow` marker.
+(tests/numerics.py). MoE models run a batch whose routing bfloat16 cannot flip (see there),
+at the zoo's tiny size and at 64 tokens a layer. A few cases run in CI; the rest carry the
+`slow` marker.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 pytest.importorskip("transformers")
 
+SLOW = pytest.mark.slow
 FAST = {"llama", "qwen2_moe-default", "olmoe-batched_mm"}
+# 64 tokens a layer, where a near tie in some token's routing is the rule (slow)
+MEDIUM = hf_zoo.Size(hidden=64, seq=32)
 CASES = [(name, None) for name in hf_zoo.MODELS if name not in hf_zoo.MOE] + [
     (name, experts) for name in hf_zoo.MOE for experts in (None, "batched_mm")
 ]
@@ -42,21 +46,26 @@ def _batch_maker(name: str, inputs: dict):
             for k, v in inputs.items()
             if isinstance(v, torch.Tensor)
         }
-        labels = torch.randint(0, 10, (2,), generator=gen) if name == "vit" else None
+        labels = torch.randint(0, 10, (2,), generator=gen) if name == "vit" else None  # batch 2
         return {**inputs, **batch, "labels": batch["input_ids"] if labels is None else labels}
 
     return make
 
 
 @pytest.mark.parametrize(
-    ("name", "experts"),
+    ("name", "experts", "size"),
     [
-        pytest.param(n, e, id=_id(n, e), marks=() if _id(n, e) in FAST else pytest.mark.slow)
+        pytest.param(n, e, hf_zoo.TINY, id=_id(n, e), marks=() if _id(n, e) in FAST else SLOW)
         for n, e in CASES
+    ]
+    + [
+        pytest.param(n, e, MEDIUM, id=f"{_id(n, e)}-medium", marks=SLOW)
+        for n, e in CASES
+        if n in hf_zoo.MOE
     ],
 )
-def test_hf_model_bfloat16_step_is_as_close_to_float32_as_eager(name, experts):
-    model, inputs = hf_zoo.build(name, experts=experts)
+def test_hf_model_bfloat16_step_is_as_close_to_float32_as_eager(name, experts, size):
+    model, inputs = hf_zoo.build(name, size, experts=experts)
     batch = numerics.decisive_batch(model, _batch_maker(name, inputs))
     numerics.assert_as_close_as_eager(numerics.bfloat16_step_errors(model, batch))
 
