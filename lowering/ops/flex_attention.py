@@ -51,7 +51,13 @@ _MASK_MOD = -1
 
 
 @register_lowering(hop.flex_attention, needs_ctx=True)
-def flex_attention(
+def flex_attention(ctx, *args):
+    """(output, logsumexp in base 2[, max score in base 2]) as the node expects."""
+    ctx.chose(_CHOICE)
+    return xla_form(ctx, *args)
+
+
+def xla_form(
     ctx,
     query,
     key,
@@ -63,26 +69,10 @@ def flex_attention(
     score_mod_other_buffers=(),
     mask_mod_other_buffers=(),
 ):
-    """(output, logsumexp in base 2[, max score in base 2]) as the node expects."""
-    ctx.chose(_CHOICE)
-    return xla_form(
-        ctx,
-        query,
-        key,
-        value,
-        score_mod,
-        block_mask,
-        scale,
-        score_mod_other_buffers,
-        mask_mod_other_buffers,
-    )
-
-
-def xla_form(ctx, query, key, value, score_mod, block_mask, scale, score_buffers, mask_buffers):
-    """The forward's XLA form (the portable rule's, uncounted: a platform's rule that falls
-    back to it counts its own reason)."""
-    attend = _attention(ctx, score_mod, block_mask, scale, mask_buffers)
-    out, lse, top = attend(query, key, value, tuple(score_buffers))
+    """The forward's XLA form, the op's arguments in (the portable rule's, uncounted: a
+    platform's rule that falls back to it counts its own reason)."""
+    attend = _attention(ctx, score_mod, block_mask, scale, mask_mod_other_buffers)
+    out, lse, top = attend(query, key, value, tuple(score_mod_other_buffers))
     results = (out, lse, top)[: len(ctx.out)]
     return tuple(r.astype(ctx.jax_dtype(v.dtype)) for r, v in zip(results, ctx.out))
 

@@ -51,7 +51,8 @@ def flex_attention_tpu(
     if reason is None and _reads_result(ctx.node, 2):
         reason = "the max scores asked for (return_aux max_scores)"
     if not _count(ctx, reason):
-        return portable.xla_form(ctx, query, key, value, score_mod, block_mask, scale, *buffers)
+        args = (query, key, value, score_mod, block_mask, scale, kernel_options, *buffers)
+        return portable.xla_form(ctx, *args)
     out, lse = attention_kernels.splash_attention(
         query, key, value, scale, diagonal, None, window, interpret=ctx.interpret_kernels
     )

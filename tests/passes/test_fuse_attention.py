@@ -87,6 +87,21 @@ def _compile_and_run(case, fuse: bool):
     return out.detach(), grads, rewrites, eager.detach()
 
 
+def _fused_and_unfused(model, kwargs) -> tuple[dict, dict]:
+    """({fuse: logits}, {fuse: fuse_attention's rewrites}) of `model(**kwargs)` compiled with
+    attention fusion on (True) and off (False)."""
+    logits, counts = {}, {}
+    for fuse in (True, False):
+        torch._dynamo.reset()
+        before = collections.Counter(pipeline.counters)
+        options = {"cache": False, "fallback": "error", "fusion": {"attention": fuse}}
+        with torch.no_grad():
+            compiled = torch.compile(model, backend="tpu_inductor", options=options)
+            logits[fuse] = compiled(**kwargs).logits
+        counts[fuse] = _rewrites_since(before)
+    return logits, counts
+
+
 def _rewrites_since(before: collections.Counter) -> dict[str, int]:
     """fuse_attention's rewrites (the pipeline's process-wide counters) since `before`."""
     return {
@@ -308,19 +323,11 @@ def test_padding_mask_becomes_a_mask_over_keys(name, causal):
     causal tril the flag (the forms the TPU's kernel takes); logits equal the unfused ones."""
     from tests import hf_zoo
 
-    logits, counts = {}, {}
-    for fuse in (True, False):
-        model, kwargs = hf_zoo.build(name)
-        mask = torch.ones_like(kwargs["input_ids"])
-        mask[0, :3] = 0
-        kwargs["attention_mask"] = mask
-        torch._dynamo.reset()
-        before = collections.Counter(pipeline.counters)
-        options = {"cache": False, "fallback": "error", "fusion": {"attention": fuse}}
-        with torch.no_grad():
-            compiled = torch.compile(model, backend="tpu_inductor", options=options)
-            logits[fuse] = compiled(**kwargs).logits
-        counts[fuse] = _rewrites_since(before)
+    model, kwargs = hf_zoo.build(name)
+    mask = torch.ones_like(kwargs["input_ids"])
+    mask[0, :3] = 0
+    kwargs["attention_mask"] = mask
+    logits, counts = _fused_and_unfused(model, kwargs)
     assert counts[True].get("key_mask") == 2, counts[True]
     assert counts[True].get("causal_mask", 0) == causal, counts[True]
     assert_same(logits[True], logits[False], rtol=1e-6, atol=1e-6)
@@ -350,15 +357,7 @@ def test_sliding_window_becomes_the_ops_window(padding):
     if padding:
         kwargs["attention_mask"] = torch.ones_like(ids)
         kwargs["attention_mask"][0, :5] = 0
-    logits, counts = {}, {}
-    for fuse in (True, False):
-        torch._dynamo.reset()
-        before = collections.Counter(pipeline.counters)
-        options = {"cache": False, "fallback": "error", "fusion": {"attention": fuse}}
-        with torch.no_grad():
-            compiled = torch.compile(model, backend="tpu_inductor", options=options)
-            logits[fuse] = compiled(**kwargs).logits
-        counts[fuse] = _rewrites_since(before)
+    logits, counts = _fused_and_unfused(model, kwargs)
     assert counts[True].get("sliding_window") == 2, counts[True]
     assert counts[True].get("key_mask", 0) == 2 * padding, counts[True]
     assert_same(logits[True], logits[False], rtol=1e-6, atol=1e-6)
