@@ -98,8 +98,11 @@ def test_saved_by_two_processes_restored_by_one(saved):
 def test_a_save_holds_one_host_copy_of_the_shards_at_most_and_frees_it(tmp_path):
     (row,) = _rows("rss", str(tmp_path))
     # With a host budget of a twentieth of the state, a batch of copies at a time: measured
-    # 2026-12-07, peak 0.059x (64 MiB) and 0.048x (1 GiB), against 0.87-0.91x without.
-    assert row["budget"]["peak_growth"] <= 0.1, row
+    # 2026-12-07, peak 0.059-0.119x at 64 MiB (orbax's and tensorstore's own pools, a few MiB,
+    # are a large share of so small a state; 0.048x at 1 GiB), against 0.87-0.91x without.
+    # Bound: the budget, plus 8 MiB for those pools.
+    allowance = (row["state_bytes"] / 20 + 8 * 2**20) / row["state_bytes"]
+    assert row["budget"]["peak_growth"] <= allowance, row
     for mode in ("sync", "async"):
         # orbax copies every shard this process holds to the host before it returns (what
         # makes an asynchronous save safe from the next step) and writes from those copies:
