@@ -25,6 +25,16 @@ def compile_aten(fn: Callable, args: Sequence, options: dict | None = None) -> C
     return lambda *call_args: _unflatten(fn, args, compiled(list(call_args)))
 
 
+def forget_compiles() -> None:
+    """Forget what this process compiled (the memory cache, the executables kept per module):
+    a test that counts or intercepts compiles must not find another test's graph compiled."""
+    from tpu_inductor.cache import stores
+    from tpu_inductor.runtime import devices
+
+    stores.memory_cache.clear()
+    devices.forget_executables()
+
+
 def functional(fn: Callable) -> Callable:
     """`fn` with its in-place ops made functional, as AOTAutograd traces them for the backend:
     make_fx alone keeps `x.uniform_()` or a composite's `bitwise_and_`, which have no rule.

@@ -7,10 +7,8 @@ import logging
 
 import torch
 
-from tests.helpers import assert_same
-from tpu_inductor.cache import stores
+from tests.helpers import assert_same, forget_compiles
 from tpu_inductor.debug import records, report
-from tpu_inductor.runtime import devices
 
 SIZES = (2, 5, 7)  # static, then automatic dynamic (a symbolic graph), then a specialization
 
@@ -45,8 +43,7 @@ def dump_run(tmp_path_factory):
     # The run is this process's first: no executable another test left in the memory cache may
     # turn its compiles into hits (cache=False is the disk's), and no earlier test's compile
     # record of the same graph may stand as the "earlier compile" a recompile is explained by.
-    stores.memory_cache.clear()
-    devices.forget_executables()
+    forget_compiles()
     records.records.clear()
     torch._dynamo.reset()
     torch.manual_seed(0)

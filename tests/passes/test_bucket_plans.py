@@ -12,15 +12,13 @@ import torch
 from tpu_inductor.passes.bucket_policy import BucketPlan, BucketPolicy
 
 import tpu_inductor
-from tests.helpers import assert_same
+from tests.helpers import assert_same, forget_compiles
 from tpu_inductor import cli
 from tpu_inductor.aot import artifact
 from tpu_inductor.aot import buckets as aot_buckets
 from tpu_inductor.aot import loader as aot_loader
-from tpu_inductor.cache import stores
 from tpu_inductor.exc import OptionError
 from tpu_inductor.runtime import buckets as bucketing
-from tpu_inductor.runtime import devices
 
 NAN_PADDING = {"pad_with": "nan"}
 # Batch x length pairs of one run: pow2 buckets them as (4, 64) and (8, 16), 2 compiles.
@@ -30,8 +28,7 @@ PAIRS = [(3, 40), (3, 38), (6, 12), (6, 10), (7, 11), (3, 40)]
 def _new_process() -> None:
     """As a new process: no Dynamo graph, no executable in memory, no plan read yet."""
     torch._dynamo.reset()
-    stores.memory_cache.clear()
-    devices.forget_executables()  # a module another test compiled in this worker
+    forget_compiles()  # another test in this worker may have compiled the same graph
     bucketing.forget_plans()
 
 

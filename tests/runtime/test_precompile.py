@@ -13,8 +13,7 @@ import pytest
 import torch
 
 import tpu_inductor
-from tests.helpers import assert_same
-from tpu_inductor.cache import stores
+from tests.helpers import assert_same, forget_compiles
 from tpu_inductor.debug import records as debug
 from tpu_inductor.exc import OptionError, UnexpectedCompileError
 from tpu_inductor.runtime import buckets as bucketing
@@ -26,8 +25,7 @@ LENGTHS = (3, 9, 17, 33, 64, 50, 8)  # buckets 8, 16, 32, 64
 
 def _new_process() -> None:
     torch._dynamo.reset()
-    stores.memory_cache.clear()
-    devices.forget_executables()  # a module another test compiled in this worker
+    forget_compiles()  # another test in this worker may have compiled the same graph
 
 
 @pytest.fixture(autouse=True)
