@@ -126,6 +126,13 @@ def _segments(keep, length, causal_diagonal, window):
     return ids, empty
 
 
+def _given_segments(q_ids, kv_ids, length, count):
+    """Splash's segment ids from ids given per query and per key, leading dims flattened."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+    return splash.SegmentIds(q=q_ids.reshape(-1, length), kv=kv_ids.reshape(-1, count))
+
+
 def _block(size: int) -> int:
     return next(b for b in _BLOCKS if size % b == 0)
 
@@ -174,11 +181,14 @@ def splash_attention(
     residuals=True,
     interpret=False,
     empty=0.0,
+    segment_ids=None,
 ):
     """The op's attention by the Splash kernel: (out, logsumexp) for q [..., H, L, D], k and
     v [..., Hkv, S, D] and a mask over keys alone or None (`splash_refusal` None), or out
     alone with `residuals=False` (the form the kernel differentiates). A row that keeps no
-    key gives `empty` and logsumexp 0. `interpret`: Pallas interpret mode (any host)."""
+    key gives `empty` and logsumexp 0. `interpret`: Pallas interpret mode (any host).
+    `segment_ids`: instead of a mask, (the queries' [..., L], the keys' [..., S]) int32 ids, a
+    query attending the keys of its id (a document mask; the caller leaves no row empty)."""
     heads, length, _ = q.shape[-3:]
     lead, count = q.shape[:-3], k.shape[-2]
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -186,11 +196,14 @@ def splash_attention(
     flat = [t.reshape(-1, *t.shape[-3:]) for t in (scaled, k, v)]
     with x64_scope("narrow"):  # the kernel's index arithmetic mixes int32 with default ints
         kernel = _splash_kernel(heads, length, count, causal_diagonal, window, residuals, interpret)
-        if mask is None:
+        if mask is None and segment_ids is None:
             result, rows = jax.vmap(kernel)(*flat), None
         else:
-            keep = _kept_keys(q, mask).reshape(-1, count)
-            ids, rows = _segments(keep, length, causal_diagonal, window)
+            if mask is None:
+                ids, rows = _given_segments(*segment_ids, length, count), None
+            else:
+                keep = _kept_keys(q, mask).reshape(-1, count)
+                ids, rows = _segments(keep, length, causal_diagonal, window)
             result = jax.vmap(lambda q, k, v, i: kernel(q, k, v, segment_ids=i))(*flat, ids)
     out, lse = (result, None) if not residuals else (result[0], result[1][0])
     if rows is not None:
@@ -202,7 +215,17 @@ def splash_attention(
 
 
 def splash_attention_grads(
-    grad, q, k, v, scale, causal_diagonal, mask=None, window=None, *, interpret=False
+    grad,
+    q,
+    k,
+    v,
+    scale,
+    causal_diagonal,
+    mask=None,
+    window=None,
+    *,
+    interpret=False,
+    segment_ids=None,
 ):
     """(dq, dk, dv) by the Splash kernel's own VJP (its dq and dkv kernels)."""
     fwd = functools.partial(
@@ -213,6 +236,7 @@ def splash_attention_grads(
         window=window,
         residuals=False,
         interpret=interpret,
+        segment_ids=segment_ids,
     )
     with x64_scope("narrow"):
         _, vjp = jax.vjp(fwd, q, k, v)
