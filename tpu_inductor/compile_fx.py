@@ -74,6 +74,7 @@ def compile_graph(
     # (get_attr) must be read as real tensors.
     with unset_fake_temporarily():
         device = devices.select_device(options.device)
+        options = options.on_platform(device.lowering_platform)  # records show the fusions used
         observer = records.GraphObserver(records.graph_name(kind), options)
         observer.graph(f"aten_{kind}", gm)
         gm = _passes(gm, example_inputs, options, device.lowering_platform, observer, placements)
@@ -129,6 +130,7 @@ def compile_artifact_graph(
 def artifact_passes(gm, inputs, options: Options, *, name: str, platform: str) -> tuple:
     """Stages 1-2 of an artifact's graph (`inputs` may be symbolic: one pass for every bucket):
     (the graph after the passes, its observer, the platform), for `compile_artifact_bucket`."""
+    options = options.on_platform(platform)
     observer = records.GraphObserver(name, options)
     observer.graph("aten_export", gm)
     gm = _passes(gm, inputs, options, platform, observer)
@@ -167,6 +169,7 @@ def load_cached(
     cache only (None if absent). AOTAutogradCache keeps `graph_key` and not the graph: the rest
     of the key is this process's (options, passes, environment)."""
     device = devices.select_device(options.device)
+    options = options.on_platform(device.lowering_platform)
     observer = records.GraphObserver(records.graph_name(kind), options)
     record = observer.record(size_dispatch.input_signature(example_inputs))
     record.cache["aot_autograd"] = "hit"

@@ -73,6 +73,8 @@ def test_compile_json(run_dump):
     assert first["compile_id"] == "0/0"
     assert first["pass_rewrites"]["cleanup"]["alias_removed"] >= 0
     assert "dump_dir" not in first["options"] and first["options"]["x64"] == "keep"
+    # The fusions as compiled: the CPU's defaults, not "unset"
+    assert first["options"]["fusion"] == {"attention": False, "matmuls": False, "norms": False}
     # The specialization at size 7 is filed under the symbolic graph's Dynamo compile id.
     assert compiles[-1]["compile_id"] == compiles[-3]["compile_id"] == "0/1"
 
