@@ -216,6 +216,9 @@ def test_input_count_is_checked_against_forward(tmp_path):
         OptionError, match=r"forward\(ids, x\) takes 2 inputs; got 1 --input \(ids\)"
     ):
         aot_compile.compile_model(make_model(), _INPUTS[:1], tmp_path, buckets={"S": (3,)})
+    swapped = list(reversed(_INPUTS))  # named for forward's parameters, given in another order
+    with pytest.raises(OptionError, match=r"--input 'x' is given at position 1, where .*'ids'"):
+        aot_compile.compile_model(make_model(), swapped, tmp_path, buckets={"S": (3,)})
 
 
 class _Cast(nn.Module):

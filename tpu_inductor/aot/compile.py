@@ -228,6 +228,15 @@ def _check_inputs(model: torch.nn.Module, inputs: Sequence[InputSpec]) -> None:
             f" takes {takes} inputs; got {len(inputs)} --input ({', '.join(names)}). Give one "
             "--input per parameter, in order."
         )
+    param_names = [p.name for p in positional]
+    for at, name in enumerate(names[: len(positional)]):
+        if name != param_names[at] and name in param_names:  # inputs go by position
+            raise OptionError(
+                f"tpu-inductor: --input {name!r} is given at position {at + 1}, where "
+                f"{type(model).__name__}.forward takes {param_names[at]!r} ({name!r} is its "
+                f"parameter {param_names.index(name) + 1}). Inputs are passed by position: give "
+                f"the --input options in the order of forward({', '.join(param_names)})."
+            )
 
 
 def _check_out(out: Path) -> None:
