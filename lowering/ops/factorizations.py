@@ -209,10 +209,13 @@ def linalg_cholesky_ex(a, *, upper=False, check_errors=False):
     return (_mh(lower) if upper else lower), info
 
 
-@register_lowering(aten.cholesky.default)
 def cholesky(a, upper=False):
     lower = _cholesky_lower(a, upper)
     return _mh(lower) if upper else lower
+
+
+if hasattr(aten, "cholesky"):  # torch 2.14 removed the deprecated aten::cholesky
+    register_lowering(aten.cholesky.default)(cholesky)
 
 
 def _triangular_solve(a, b, *, lower, left=True, unit=False, transpose=False):
