@@ -1,21 +1,25 @@
 """FlexAttention on the TPU: the attentions Splash computes go to its kernel.
 
-Splash takes a mask it knows (full, causal, a causal window) and no score_mod. So a
-`flex_attention` whose `score_mod` returns the score as it is and whose `mask_mod` is
-`q_idx >= kv_idx`, that and `q_idx - kv_idx <= w` (a sliding window), or absent (every key)
+Splash takes a mask it knows (full, causal, a causal window), segment ids and no score_mod.
+So a `flex_attention` whose `score_mod` returns the score as it is and whose `mask_mod` is
+an and of: `q_idx >= kv_idx` (causal), that and `q_idx - kv_idx <= w` (a sliding window), a
+document mask `doc[q_idx] == doc[kv_idx]` (or `doc[b, q_idx] == doc[b, kv_idx]`, `doc` a
+captured integer tensor: its ids become the kernel's segment ids), or nothing (every key)
 becomes the Splash call the attention op makes (lowering/ops/attention_kernels.py: GQA,
-scale, logsumexp), and its backward the kernel's own VJP. The rest, and any shape or
-dtype the kernel refuses, take the XLA form (lowering/ops/flex_attention.py); each choice is
+scale, logsumexp), and its backward the kernel's own VJP. The rest, and any shape or dtype
+the kernel refuses, take the XLA form (lowering/ops/flex_attention.py); each choice is
 counted with its reason in the module's kernel choices (`tpu.flex_attention.splash`,
 `tpu.flex_attention.xla: <reason>`). Recognized by the subgraphs' structure, not by
-evaluating them: a mask written another way (`kv_idx <= q_idx`) is recognized as well, one
-with captured tensors (a document mask) is not yet.
+evaluating them: a mask written another way (`kv_idx <= q_idx`, the terms in any order) is
+recognized as well; one that reads a captured tensor any other way (TorchTitan's
+`q_idx <= doc_end[b, kv_idx]`, exact only for a well-formed table) is not.
 """
 
 from __future__ import annotations
 
 import math
 import operator
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import torch
@@ -31,6 +35,17 @@ _CAUSAL = {(aten.ge.Tensor, 2, 3), (aten.le.Tensor, 3, 2)}
 _AND = (aten.bitwise_and.Tensor, aten.logical_and.default)
 # q_idx - kv_idx compared with a number: how much the window is wider than it
 _BAND = {aten.le.Scalar: 1, aten.lt.Scalar: 0}
+_Q, _KV, _B = 2, 3, 0  # mask_mod's arguments (b, h, q_idx, kv_idx, *captured tensors)
+
+
+class _Form(NamedTuple):
+    """A mask Splash has: its causal diagonal (0, or None: every key), window (None, or the
+    keys a row keeps up to its diagonal) and document ids (None, or (which captured tensor,
+    whether indexed by batch too))."""
+
+    diagonal: int | None = None
+    window: int | None = None
+    document: tuple[int, bool] | None = None
 
 
 @register_lowering(hop.flex_attention, platform="tpu", needs_ctx=True)
@@ -47,15 +62,17 @@ def flex_attention_tpu(
     mask_mod_other_buffers=(),
 ):
     buffers = (score_mod_other_buffers, mask_mod_other_buffers)
-    (diagonal, window), reason = _splash_form(query, key, value, score_mod, block_mask, *buffers)
+    form, reason = _splash_form(query, key, value, score_mod, block_mask, *buffers)
     if reason is None and _reads_result(ctx.node, 2):
         reason = "the max scores asked for (return_aux max_scores)"
     if not _count(ctx, reason):
         args = (query, key, value, score_mod, block_mask, scale, kernel_options, *buffers)
         return portable.xla_form(ctx, *args)
+    ids = _segment_ids(form, query, mask_mod_other_buffers)
     out, lse = attention_kernels.splash_attention(
-        query, key, value, scale, diagonal, None, window, interpret=ctx.interpret_kernels
-    )
+        query, key, value, scale, form.diagonal, None, form.window,
+        interpret=ctx.interpret_kernels, segment_ids=ids,
+    )  # fmt: skip
     results = [out, lse / math.log(2)]
     if len(ctx.out) > 2:  # the max scores, read by nothing (checked above): NaN, never a value
         results.append(jnp.full(ctx.out[2].shape, jnp.nan))
@@ -81,7 +98,7 @@ def flex_attention_backward_tpu(
     mask_mod_other_buffers=(),
 ):
     buffers = (score_mod_other_buffers, mask_mod_other_buffers)
-    (diagonal, window), reason = _splash_form(query, key, value, fw_graph, block_mask, *buffers)
+    form, reason = _splash_form(query, key, value, fw_graph, block_mask, *buffers)
     if reason is None and grad_logsumexp is not None:
         reason = "a gradient of the logsumexp (the kernel's VJP takes the output's alone)"
     if not _count(ctx, reason):
@@ -89,9 +106,11 @@ def flex_attention_backward_tpu(
             ctx, query, key, value, out, logsumexp, grad_out, grad_logsumexp, fw_graph,
             joint_graph, block_mask, scale, kernel_options, *buffers,
         )  # fmt: skip
+    ids = _segment_ids(form, query, mask_mod_other_buffers)
     grads = attention_kernels.splash_attention_grads(
-        grad_out, query, key, value, scale, diagonal, None, window, interpret=ctx.interpret_kernels
-    )
+        grad_out, query, key, value, scale, form.diagonal, None, form.window,
+        interpret=ctx.interpret_kernels, segment_ids=ids,
+    )  # fmt: skip
     grads = tuple(g.astype(ctx.jax_dtype(e.dtype)) for g, e in zip(grads, ctx.out))
     return (*grads, ()) if len(ctx.out) > 3 else grads
 
@@ -109,16 +128,50 @@ def _count(ctx, reason: str | None) -> bool:
 
 
 def _splash_form(query, key, value, score_mod, block_mask, score_buffers, mask_buffers):
-    """((Splash's causal diagonal, its window), the reason it cannot: None); the diagonal 0
-    or None (every key), the window None or the keys a row keeps up to its diagonal."""
-    if score_buffers or mask_buffers:
-        return (None, None), "score_mod or mask_mod reads captured tensors"
+    """(the `_Form` of the mask, the reason Splash cannot compute this attention: None)."""
+    if score_buffers:
+        return None, "score_mod reads captured tensors"
     if not _returns_its_score(score_mod):
-        return (None, None), "a score_mod (Splash adds nothing to the scores)"
+        return None, "a score_mod (Splash adds nothing to the scores)"
     form = _mask_form(block_mask[-1])
     if form is None:
-        return (None, None), "a mask_mod other than causal, a causal window or every key"
-    return form, attention_kernels.splash_refusal(query, key, value, None, *form)
+        return None, "a mask_mod other than causal, a causal window, document ids or every key"
+    if form.document is not None:
+        reason = _document_refusal(query, key, mask_buffers, *form.document)
+        if reason is not None:
+            return None, reason
+    return form, attention_kernels.splash_refusal(query, key, value, None, *form[:2])
+
+
+def _document_refusal(query, key, buffers, which: int, batched: bool) -> str | None:
+    """Why a document mask's ids cannot be Splash's segment ids (None: they can)."""
+    ids = buffers[which]
+    batch, length = query.shape[0], query.shape[-2]
+    if key.shape[-2] != length:
+        return f"a document mask over {length} queries and {key.shape[-2]} keys"
+    if not (jnp.issubdtype(ids.dtype, jnp.integer) or ids.dtype == jnp.bool_):
+        return f"document ids of dtype {ids.dtype} (integers compare exactly)"
+    wanted = (batch, length) if batched else (length,)
+    if ids.ndim != len(wanted) or any(n < w for n, w in zip(ids.shape, wanted)):
+        return f"document ids of shape {tuple(ids.shape)} for {wanted} (batch, queries)"
+    return None
+
+
+def _segment_ids(form, query, buffers):
+    """(the queries', the keys') Splash segment ids [B, L] of a document mask, or None: its
+    ids as dense int32 ranks (equal where the ids are, whatever their dtype's width)."""
+    if form.document is None:
+        return None
+    which, batched = form.document
+    batch, length = query.shape[0], query.shape[-2]
+    ids = buffers[which]
+    ids = ids[:batch, :length] if batched else jnp.broadcast_to(ids[:length], (batch, length))
+    order = jnp.argsort(ids, axis=-1)
+    ordered = jnp.take_along_axis(ids, order, axis=-1)
+    new = jnp.pad(ordered[:, 1:] != ordered[:, :-1], ((0, 0), (1, 0)))
+    ranks = jnp.cumsum(new, axis=-1, dtype=jnp.int32)
+    dense = jnp.take_along_axis(ranks, jnp.argsort(order, axis=-1), axis=-1)
+    return dense, dense
 
 
 def _returns_its_score(gm) -> bool:
@@ -129,23 +182,63 @@ def _returns_its_score(gm) -> bool:
     return bool(inputs) and result is inputs[0]
 
 
-def _mask_form(gm):
-    """(diagonal, window) of a mask_mod Splash has: (None, None) keeps every key (or none
-    given), (0, None) is causal, (0, w) a causal window (`(q >= kv) & (q - kv <= w - 1)`);
+def _mask_form(gm) -> _Form | None:
+    """The `_Form` of a mask_mod (None given: every key), an and of terms each causal, a
+    band (`q - kv <= w - 1`, with a causal term: a causal window), a document mask or true;
     None for any other."""
     if gm is None:
-        return None, None
+        return _Form()
     inputs, result = _ends(gm)
-    if _is_true(result):
-        return None, None
-    if _is_causal(result, inputs):
-        return 0, None
-    if _is_call(result) and result.target in _AND and len(result.args) == 2:
-        for causal, band in (result.args, result.args[::-1]):
-            width = _band(band, inputs)
-            if _is_causal(causal, inputs) and width is not None:
-                return 0, width
-    return None
+    causal, window, document = False, None, None
+    for term in _and_terms(result):
+        width = _band(term, inputs)
+        if _is_true(term):
+            continue
+        if _is_causal(term, inputs):
+            causal = True
+        elif width is not None and window is None:
+            window = width
+        elif document is None and (document := _document(term, inputs)) is not None:
+            continue
+        else:
+            return None
+    if window is not None and not causal:
+        return None
+    return _Form(0 if causal else None, window, document)
+
+
+def _and_terms(node) -> list:
+    """The terms of an and (nested ands flattened), or [node]."""
+    if _is_call(node) and node.target in _AND and len(node.args) == 2:
+        return [t for arg in node.args for t in _and_terms(arg)]
+    return [node]
+
+
+def _document(node, inputs) -> tuple[int, bool] | None:
+    """(which captured tensor, indexed by batch too) for `doc[q_idx] == doc[kv_idx]` (or
+    `doc[b, q_idx] == doc[b, kv_idx]`, either side first); None for any other node."""
+    if not _is_call(node) or node.target is not aten.eq.Tensor or len(node.args) != 2:
+        return None
+    reads = [_lookup(arg, inputs) for arg in node.args]
+    if None in reads or reads[0][:2] != reads[1][:2]:
+        return None
+    if {reads[0][2], reads[1][2]} != {_Q, _KV}:
+        return None
+    return reads[0][0] - 4, reads[0][1]
+
+
+def _lookup(node, inputs):
+    """(captured tensor's argument position, batched, index argument) for `doc[i]` or
+    `doc[b, i]` with i one of mask_mod's arguments; None for any other node."""
+    if not _is_call(node) or node.target is not aten.index.Tensor or len(node.args) != 2:
+        return None
+    table, indices = node.args
+    if table not in inputs[4:] or not isinstance(indices, (list, tuple)):
+        return None
+    where = [inputs.index(i) if i in inputs else None for i in indices]
+    if where not in ([_Q], [_KV], [_B, _Q], [_B, _KV]):
+        return None
+    return inputs.index(table), len(where) == 2, where[-1]
 
 
 def _is_call(node) -> bool:

@@ -1,11 +1,16 @@
 """FlexAttention's TPU lowering run, not only emitted (lowering/ops/flex_attention_kernels.py):
 a training step's forward and backward traced to ATen, lowered by the TPU's rules and run on
 this CPU with the Pallas kernels interpreted (`GraphRunner(..., interpret_kernels=True)`),
-against eager torch. Causal, sliding-window and unmasked attentions (GQA too) are Splash calls;
-a score_mod or a mask reading captured tensors takes the XLA form, its reason counted.
+against eager torch. Causal, sliding-window, unmasked and document-masked attentions (GQA
+too; a document's ids per sequence or per batch row, as TorchTitan packs them) are Splash
+calls, the document ids its segment ids; a score_mod or a mask reading a captured tensor any
+other way takes the XLA form, its reason counted. Compiled for the TPU, a training step with
+a document mask holds the kernel's calls and no sequence x sequence tensor.
 """
 
 from __future__ import annotations
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +18,13 @@ import numpy as np
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention, noop_mask
+from torch.nn.attention.flex_attention import (
+    and_masks,
+    create_block_mask,
+    flex_attention,
+    noop_mask,
+)
+from tpu_inductor.lowering import lower
 from tpu_inductor.lowering.dtypes import x64_scope
 from tpu_inductor.lowering.interpreter import GraphRunner
 
@@ -35,23 +46,46 @@ def _document(b, h, q, kv):
     return (_DOCUMENTS[q] == _DOCUMENTS[kv]) & (q >= kv)
 
 
+# TorchTitan's packing, per batch row (ids from positions that restart at each document;
+# int64, as its cumsum makes them): row 0 three documents, row 1 two
+_POSITIONS = torch.stack(
+    [torch.cat([torch.arange(n) for n in lengths]) for lengths in ((100, 28, 128), (200, 56))]
+)
+_ROW_DOCUMENTS = torch.cumsum((_POSITIONS == 0).int(), dim=1) - 1
+
+
+def _row_document(b, h, q, kv):
+    return _ROW_DOCUMENTS[b, q] == _ROW_DOCUMENTS[b, kv]
+
+
+def _document_ends():
+    """TorchTitan's causal packed-document fast path: `q <= doc_end[b, kv]`."""
+    ends = torch.stack([torch.searchsorted(r, r, right=True) - 1 for r in _ROW_DOCUMENTS])
+    return lambda b, h, q, kv: q <= ends[b, kv]
+
+
 def _alibi(score, b, h, q, kv):
     return score - (q - kv).abs() * 0.1
 
 
-CASES = {  # mask_mod, score_mod, kv heads, the choice expected
-    "causal": (_causal, None, 4, "tpu.flex_attention.splash"),
-    "sliding window": (_sliding, None, 4, "tpu.flex_attention.splash"),
+SPLASH, XLA = "tpu.flex_attention.splash", "tpu.flex_attention.xla: "
+CASES = {  # mask_mod, score_mod, kv heads, batch, the choice expected
+    "causal": (_causal, None, 4, 1, SPLASH),
+    "sliding window": (_sliding, None, 4, 1, SPLASH),
     # (every key: torch's own noop mask, made outside the traced step as models make theirs)
-    "every key, gqa": (noop_mask, None, 2, "tpu.flex_attention.splash"),
-    "document": (_document, None, 4, "tpu.flex_attention.xla: score_mod or mask_mod reads"),
-    "alibi": (_causal, _alibi, 4, "tpu.flex_attention.xla: a score_mod"),
+    "every key, gqa": (noop_mask, None, 2, 1, SPLASH),
+    "document, causal": (_document, None, 4, 1, SPLASH),
+    # TorchTitan's and_masks(causal, document) over two packed rows, grouped-query heads
+    "row documents, causal, gqa": (and_masks(_causal, _row_document), None, 2, 2, SPLASH),
+    "row documents": (_row_document, None, 4, 2, SPLASH),
+    "document ends": (and_masks(_causal, _document_ends()), None, 4, 2, XLA + "a mask_mod"),
+    "alibi": (_causal, _alibi, 4, 1, XLA + "a score_mod"),
 }
 
 
-def _step(mask_mod, score_mod, gqa):
+def _step(mask_mod, score_mod, gqa, batch=1):
     """fn(q, k, v, grad) -> (output, dq, dk, dv): one flex_attention and its backward."""
-    block_mask = create_block_mask(mask_mod, None, None, LENGTH, LENGTH, device="cpu")
+    block_mask = create_block_mask(mask_mod, batch, None, LENGTH, LENGTH, device="cpu")
 
     def fn(q, k, v, grad):
         q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
@@ -67,11 +101,9 @@ def _step(mask_mod, score_mod, gqa):
 @pytest.mark.parametrize("case", CASES)
 def test_interpreted_tpu_lowering_equals_eager(case):
     enable_flex_attention_training()
-    mask_mod, score_mod, kv_heads, expected_choice = CASES[case]
-    fn = _step(mask_mod, score_mod, kv_heads != 4)
-    g = torch.Generator().manual_seed(0)
-    q, grad = (torch.randn(1, 4, LENGTH, DIM, generator=g) for _ in range(2))
-    k, v = (torch.randn(1, kv_heads, LENGTH, DIM, generator=g) for _ in range(2))
+    mask_mod, score_mod, kv_heads, batch, expected_choice = CASES[case]
+    fn = _step(mask_mod, score_mod, kv_heads != 4, batch)
+    q, k, v, grad = _inputs(batch, kv_heads)
     expected = fn(q, k, v, grad)
     gm = make_fx(fn, tracing_mode="real")(q, k, v, grad)  # (the block mask's tensors: constants)
     runner = GraphRunner(gm, x64="keep", platform="tpu", interpret_kernels=True)
@@ -85,3 +117,25 @@ def test_interpreted_tpu_lowering_equals_eager(case):
     choices = dict(runner.choices)
     assert list(choices) == [next(c for c in choices if c.startswith(expected_choice))], choices
     assert sum(choices.values()) == 2  # the forward and the backward
+
+
+def _inputs(batch, kv_heads):
+    g = torch.Generator().manual_seed(0)
+    q, grad = (torch.randn(batch, 4, LENGTH, DIM, generator=g) for _ in range(2))
+    k, v = (torch.randn(batch, kv_heads, LENGTH, DIM, generator=g) for _ in range(2))
+    return q, k, v, grad
+
+
+def test_a_document_mask_compiled_for_tpu_is_the_kernel_with_no_square_tensor():
+    """TorchTitan's causal packed-document mask in a training step lowered for the TPU: the
+    forward and the backward are Splash calls, and no tensor of the module is sequence x
+    sequence (the scores stay in the kernel's blocks)."""
+    enable_flex_attention_training()
+    fn = _step(and_masks(_causal, _row_document), None, True, 2)
+    args = _inputs(2, 2)
+    gm = make_fx(fn, tracing_mode="real")(*args)
+    lowered = lower(gm, list(args), platform="tpu")
+    assert lowered.kernel_choices == {SPLASH: 2}
+    assert "tpu_custom_call" in lowered.text
+    square = re.findall(rf"tensor<[0-9x]*\b{LENGTH}x{LENGTH}x[^>]*>", lowered.text)
+    assert not square, sorted(set(square))
