@@ -94,6 +94,19 @@ class FusionOptions:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class ShardingOptions:
+    """The mesh and ready-made plan a script that asks for them receives (`tpu-inductor tune
+    --mesh` writes them into tuned.json): `tpu_inductor.auto_mesh(default)` is `mesh` (else
+    `default`), `tpu_inductor.shard(model, mesh, "auto")` places by `plan`, one of
+    sharding/named.py's (else "data": the weights whole). Not in the key: the placements are."""
+
+    # "data=2,model=4" (as tpu-inductor's --mesh); None: the mesh the script gives.
+    mesh: str | None = _knob(None, unset="for the mesh the script gives", in_key=False)
+    # "data", "fsdp", "tensor_parallel", "fsdp_tensor_parallel", "expert_parallel"; None: "data".
+    plan: str | None = _knob(None, unset="for data parallelism (weights whole)", in_key=False)
+
+
 # What each fusion defaults to on each platform (docs/options.md, "Fusion defaults").
 FUSION_DEFAULTS: dict[str, dict[str, bool]] = {
     # all off: on XLA:CPU the fused forms are no faster (docs/performance.md, "Fusion options")
@@ -159,6 +172,8 @@ class Options:
     # Fusion passes, each switchable (passes/fuse_attention.py, passes/fuse_matmuls.py); each
     # left unset takes the default of the platform compiled for (FUSION_DEFAULTS).
     fusion: FusionOptions = FusionOptions()
+    # The mesh and plan `auto_mesh` and `shard(model, mesh, "auto")` read (tpu-inductor tune).
+    sharding: ShardingOptions = _knob(ShardingOptions(), in_key=False)
 
     @classmethod
     def from_user(cls, options: dict[str, Any] | None = None, mode: str | None = None) -> Options:

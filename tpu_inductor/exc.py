@@ -62,3 +62,12 @@ class BenchError(TpuInductorError, ValueError):
 class CheckpointError(TpuInductorError, ValueError):
     """A checkpoint that cannot be saved to or loaded into what was given: not a checkpoint, a
     tensor name one side lacks, a shape or dtype that differs."""
+
+
+class PlanDoesNotFitError(TpuInductorError):
+    """A sharding plan whose per-device bytes exceed the memory stated for the target, refused
+    before anything is compiled for it; `figures` holds the bytes by kind (tune/search.py)."""
+
+    def __init__(self, message: str, figures: dict | None = None):
+        super().__init__(message)
+        self.figures = figures or {}
