@@ -54,7 +54,8 @@ from tpu_inductor.ops.attention import ops as ours
 from ..dtypes import x64_scope
 from ..registry import register_lowering
 from . import attention as xla_form
-from .common import _results
+from . import attention_decode as decode
+from .common import _results, reads_result
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +91,15 @@ def splash_refusal(q, k, v, mask, causal_diagonal, window=None) -> str | None:
         return f"causal diagonal {causal_diagonal} leaves rows without keys"
     if window is not None and window < 1:
         return f"window {window} keeps no key"
-    length, count = q.shape[-2], k.shape[-2]
-    if length % LANES or count % LANES:
-        return f"lengths {length}/{count} are not multiples of the {LANES}-wide blocks"
+    if k.shape[-2] % LANES:
+        return f"key length {k.shape[-2]} is not a multiple of the {LANES}-wide blocks"
     return None
+
+
+def padded_rows(length: int) -> int:
+    """The query rows Splash computes for `length`: the next multiple of its 128-row blocks
+    (the rows added are zeros, their results dropped)."""
+    return -(-length // LANES) * LANES
 
 
 def _kept_keys(q, mask):
@@ -127,10 +133,13 @@ def _segments(keep, length, causal_diagonal, window):
 
 
 def _given_segments(q_ids, kv_ids, length, count):
-    """Splash's segment ids from ids given per query and per key, leading dims flattened."""
+    """Splash's segment ids from ids given per query and per key, leading dims flattened; the
+    padded query rows (`padded_rows`) take the last query's id, so they keep keys too."""
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
-    return splash.SegmentIds(q=q_ids.reshape(-1, length), kv=kv_ids.reshape(-1, count))
+    q_ids = q_ids.reshape(-1, q_ids.shape[-1])
+    q_ids = jnp.pad(q_ids, ((0, 0), (0, length - q_ids.shape[-1])), mode="edge")
+    return splash.SegmentIds(q=q_ids, kv=kv_ids.reshape(-1, count))
 
 
 def _block(size: int) -> int:
@@ -189,10 +198,11 @@ def splash_attention(
     key gives `empty` and logsumexp 0. `interpret`: Pallas interpret mode (any host).
     `segment_ids`: instead of a mask, (the queries' [..., L], the keys' [..., S]) int32 ids, a
     query attending the keys of its id (a document mask; the caller leaves no row empty)."""
-    heads, length, _ = q.shape[-3:]
-    lead, count = q.shape[:-3], k.shape[-2]
+    heads, rows_given, _ = q.shape[-3:]
+    lead, count, length = q.shape[:-3], k.shape[-2], padded_rows(q.shape[-2])
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     scaled = (q.astype(jnp.float32) * scale).astype(q.dtype)  # the kernel applies no scale
+    scaled = jnp.pad(scaled, [(0, 0)] * (q.ndim - 2) + [(0, length - rows_given), (0, 0)])
     flat = [t.reshape(-1, *t.shape[-3:]) for t in (scaled, k, v)]
     with x64_scope("narrow"):  # the kernel's index arithmetic mixes int32 with default ints
         kernel = _splash_kernel(heads, length, count, causal_diagonal, window, residuals, interpret)
@@ -206,8 +216,9 @@ def splash_attention(
                 ids, rows = _segments(keep, length, causal_diagonal, window)
             result = jax.vmap(lambda q, k, v, i: kernel(q, k, v, segment_ids=i))(*flat, ids)
     out, lse = (result, None) if not residuals else (result[0], result[1][0])
+    out, lse = out[..., :rows_given, :], None if lse is None else lse[..., :rows_given]
     if rows is not None:
-        rows = rows[:, None, :]  # [N, 1, L]: every head
+        rows = rows[:, None, :rows_given]  # [N, 1, L]: every head
         out = jnp.where(rows[..., None], jnp.asarray(empty, out.dtype), out)
         lse = None if lse is None else jnp.where(rows, 0.0, lse)
     out = out.reshape(*lead, *out.shape[1:])
@@ -243,12 +254,38 @@ def splash_attention_grads(
         return vjp(grad.astype(q.dtype))
 
 
+def _decoding(q, refusal: str | None) -> str | None:
+    """For one query row (a decode step): why the decode kernel refused it (None: it takes
+    it); for any other attention, "" (not asked)."""
+    return refusal if q.ndim >= 3 and q.shape[-2] == 1 else ""
+
+
+def _also(refusal: str | None, decoding: str) -> str | None:
+    """Splash's refusal, and the decode kernel's where it was asked."""
+    return f"{refusal}; decode kernel: {decoding}" if refusal and decoding else refusal
+
+
+def _splash_key(q) -> str:
+    """The choice key of a Splash call: its padded query rows, the work added, named."""
+    rows = q.shape[-2] if q.ndim >= 3 else 0
+    return f"splash: query rows padded {rows} -> {padded_rows(rows)}" if rows % LANES else "splash"
+
+
 @register_lowering(ours.attention.default, platform="tpu", needs_ctx=True)
 def attention_tpu(
     ctx, q, k, v, mask, scale, causal_diagonal=None, empty_rows_nan=False, window=None
 ):
-    refusal = splash_refusal(q, k, v, mask, causal_diagonal, window)
-    if not _count(ctx, "tpu", "splash", refusal):
+    keys = None if mask is None else _kept_keys(q, mask)
+    args = (q, k, v, mask, keys, causal_diagonal)
+    decoding = _decoding(q, decode.refusal(*args, window, reads_result(ctx.node, 1)))
+    if decoding is None:
+        _count(ctx, "tpu", decode.KEY if mask is None else decode.MASKED_KEY, None)
+        result = decode.attention(
+            ctx, *args[:5], scale, causal_diagonal, empty_rows_nan, interpret=ctx.interpret_kernels
+        )
+        return _results(ctx, result)
+    refusal = _also(splash_refusal(q, k, v, mask, causal_diagonal, window), decoding)
+    if not _count(ctx, "tpu", _splash_key(q), refusal):
         return xla_form.attention(
             ctx, q, k, v, mask, scale, causal_diagonal, empty_rows_nan, window
         )
@@ -263,8 +300,10 @@ def attention_tpu(
 def attention_backward_tpu(
     ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal=None, window=None
 ):
-    refusal = splash_refusal(q, k, v, mask, causal_diagonal, window)
-    if not _count(ctx, "tpu", "splash", refusal):
+    keys = None if mask is None else _kept_keys(q, mask)
+    decoding = _decoding(q, decode.refusal(q, k, v, mask, keys, causal_diagonal, window, True))
+    refusal = _also(splash_refusal(q, k, v, mask, causal_diagonal, window), decoding)
+    if not _count(ctx, "tpu", _splash_key(q), refusal):
         return xla_form.attention_backward(
             ctx, grad, q, k, v, out, lse, mask, scale, causal_diagonal, window
         )

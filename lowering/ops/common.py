@@ -113,3 +113,8 @@ def _f32(x):
 def _ntuple(value, n: int) -> tuple[int, ...]:
     values = [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
     return tuple(values * n if len(values) == 1 else values)
+
+
+def reads_result(node, index: int) -> bool:
+    """Whether anything reads result `index` of a node that returns several."""
+    return any(u.target is operator.getitem and u.args[1] == index and u.users for u in node.users)

@@ -19,12 +19,15 @@ from tests.helpers import assert_same
 from tpu_inductor.ops.attention import ops
 
 
-def _op_forward_and_backward(scale, diagonal, window):
-    """The op's forward and backward, as fuse_attention emits them for a training step."""
+def _op_forward_and_backward(scale, diagonal, window, backward=True):
+    """The op's forward and backward, as fuse_attention emits them for a training step (or
+    its forward alone, an inference graph's)."""
 
     def fn(q, k, v, grad, *mask):
         m = mask[0] if mask else None
         out, lse = ops.attention(q, k, v, m, scale, diagonal, False, window)
+        if not backward:
+            return (out,)
         grads = ops.attention_backward(grad, q, k, v, out, lse, m, scale, diagonal, window)
         return (out, *grads)
 
@@ -85,11 +88,21 @@ def _keep(length, count, diagonal, window, padding, batch):
 
 
 def _check(
-    heads, kv_heads, length, count, dim, diagonal=None, padding=None, window=None, **bfloat16
+    heads,
+    kv_heads,
+    length,
+    count,
+    dim,
+    diagonal=None,
+    padding=None,
+    window=None,
+    backward=True,
+    chosen="tpu.splash",
+    **bfloat16,
 ):
-    """The op at these sizes, forward and backward: the TPU's rules interpreted against eager
-    float64 (`bfloat16={"slack": r}`: bfloat16 inputs, each result's mean error at most r
-    times eager bfloat16's)."""
+    """The op at these sizes, forward and (`backward`) backward: the TPU's rules interpreted
+    against eager float64 (`bfloat16={"slack": r}`: bfloat16 inputs, each result's mean error
+    at most r times eager bfloat16's); `chosen`: the rules' one choice, for every call."""
     dtype = torch.bfloat16 if bfloat16 else torch.float32
     bf16_slack = bfloat16.get("slack")
     batch, scale = 2, dim**-0.5
@@ -104,16 +117,16 @@ def _check(
         for b, pad in enumerate(padding):
             keys[b, ..., _padded(pad)] = False
         mask = [keys]
-    fn = _op_forward_and_backward(scale, diagonal, window)
+    fn = _op_forward_and_backward(scale, diagonal, window, backward)
     got, choices = _interpreted(fn, [*args, *mask])
-    assert choices == {"tpu.splash": 2}
+    assert choices == {chosen: 2 if backward else 1}
     keep = _keep(length, count, diagonal, window, padding, batch)
-    exact = _eager(*args, keep, scale, torch.float64)
+    exact = _eager(*args, keep, scale, torch.float64)[: len(got)]
     if dtype == torch.float32:
         for a, e in zip(got, exact):
             assert_same(a.double(), e, rtol=1e-5, atol=1e-5 * float(e.abs().max()))
         return
-    eager = _eager(*args, keep, scale, dtype)
+    eager = _eager(*args, keep, scale, dtype)[: len(got)]
     for a, e, x in zip(got, eager, exact):
         assert a.dtype == dtype
         ours, theirs = ((t.double() - x).abs().mean() for t in (a, e))
@@ -179,3 +192,29 @@ def test_bfloat16_head_dim_128_rounds_the_scaled_queries():
     before it (measured: out 1.07x and dq 1.33x eager's mean error, dk and dv below eager's),
     a rounding a TPU's Splash caller makes as well."""
     _check(4, 2, 256, 256, 128, diagonal=0, slack=1.5)
+
+
+PAGED = "tpu.paged_attention"
+PAGED_MASKED = f"{PAGED} (a mask that keeps no prefix of the cache: XLA form, at run time)"
+
+
+@pytest.mark.parametrize(
+    "kv_heads, dim, diagonal, padding, chosen",
+    [
+        (2, 128, None, (-212, -212), PAGED_MASKED),  # a static cache's mask: keys 0 .. 299
+        (2, 128, None, (100, -212), PAGED_MASKED),  # left padded: the XLA form at run time
+        (4, 64, 299, None, PAGED),  # a causal diagonal: keys 0 .. 299, head dim 64
+        (1, 128, None, None, PAGED),  # multi-query, the whole cache
+    ],
+    ids=["static_cache_mask", "left_padded", "diagonal_head_dim_64", "mqa_full"],
+)
+def test_decode_kernel_bfloat16(kv_heads, dim, diagonal, padding, chosen):
+    """A decode step (one query row against a 512-key cache) by jax's paged attention kernel:
+    no further from float64 than eager bfloat16 attention (the kernel's q scaled in float32)."""
+    _check(8, kv_heads, 1, 512, dim, diagonal, padding, backward=False, chosen=chosen, slack=1.0)
+
+
+def test_decode_float32_splash_padded_rows():
+    """float32 decode: the paged kernel reads K/V as bfloat16 (refused), so Splash computes it
+    with the query row padded to a 128-row block; within 1e-5, forward and backward."""
+    _check(8, 2, 1, 512, 128, None, (-212, -212), chosen="tpu.splash: query rows padded 1 -> 128")
