@@ -314,8 +314,9 @@ class _Bucketing:
         if not isinstance(value, torch.fx.Node):
             return None
         val = value.meta.get("val")
-        if isinstance(val, torch.SymInt):
-            return size_expr(val)
+        if isinstance(val, torch.SymInt):  # of bucketed sizes: its value at the true sizes
+            expr = size_expr(val)
+            return expr if expr.free_symbols & set(self.symbols) else None
         layout = self.layouts.get(value)
         if isinstance(layout, tuple) and self._has_padding(value):
             for d, factors in zip(val.shape, layout):

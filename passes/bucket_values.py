@@ -26,6 +26,8 @@ import torch
 
 from .bucket_proof import Refused, size_expr
 from .bucket_rules import VIEWS
+from .bucket_rules_flex import SHAPES as FLEX_ATTENTION
+from .bucket_rules_flex import reads_as_size
 
 aten = torch.ops.aten
 
@@ -48,6 +50,8 @@ def check_uses(b, node: torch.fx.Node) -> None:
             continue
         if user.op == "call_function" and user.target in SYM_ARITHMETIC:
             check_uses(b, user)
+            continue
+        if user.target in FLEX_ATTENTION and reads_as_size(b.gm, user, node):
             continue
         sizes = _size_positions(user)
         if sizes is None or not _as_number(user, node, sizes):
