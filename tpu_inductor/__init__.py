@@ -10,6 +10,7 @@ from tpu_inductor.version import __version__
 __all__ = [
     "Mesh",
     "__version__",
+    "auto_mesh",
     "compiles",
     "enable_flex_attention_training",
     "load_checkpoint",
@@ -53,6 +54,8 @@ def __getattr__(name: str):
         return importlib.import_module(
             ".ops.flex_attention", __name__
         ).enable_flex_attention_training
+    if name == "auto_mesh":  # the tuned config's mesh, else the one given (sharding.named)
+        return importlib.import_module(".sharding.named", __name__).auto_mesh
     if name == "sharding_plans":
         return importlib.import_module(".sharding.plans", __name__)
     if name == "distributed":  # tpu_inductor.distributed.initialize(...): several hosts

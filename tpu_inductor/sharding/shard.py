@@ -79,6 +79,9 @@ def shard_optimizer_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optim
             "torch.optim.Optimizer."
         )
     _optimizers.add(optimizer)
+    from tpu_inductor.sharding import named
+
+    named.note_optimizer(optimizer)  # what its state holds, for the tuner's estimates
     return optimizer
 
 
@@ -87,7 +90,9 @@ def shard(model: torch.nn.Module, mesh: Mesh, plan) -> torch.nn.Module:
 
     `plan`: name globs → partition specs (`{"layers.*.mlp.up_proj.weight": ("model", None)}`),
     module-name globs → TorchTitan-style styles (`{"layers.*.attn.q_proj": ColwiseParallel()}`),
-    or a ready-made plan (tpu_inductor.sharding.plans). Every entry must match something;
+    a ready-made plan (tpu_inductor.sharding.plans), or "auto": the one the config names
+    (options' sharding.plan, e.g. from `tpu-inductor tune`'s tuned.json; else weights whole:
+    sharding/named.py). Every entry must match something;
     unmatched tensors stay whole on every device. Specs are checked against each tensor's
     shape here, and the compile's cache key holds them."""
     from tpu_inductor.sharding import plans as sharding_plans
@@ -99,6 +104,10 @@ def shard(model: torch.nn.Module, mesh: Mesh, plan) -> torch.nn.Module:
         )
     tensors = dict(model.named_parameters())
     tensors.update(model.named_buffers())
+    if isinstance(plan, str) and plan == "auto":  # the config's plan (sharding/named.py)
+        from tpu_inductor.sharding import named
+
+        plan = named.auto(model, mesh)
     for name, spec in sharding_plans.resolve(model, mesh, plan).items():
         tensor = tensors[name]
         check_spec(mesh, tuple(tensor.shape), spec, f"parameter {name}")

@@ -28,6 +28,33 @@ def _change(before: float, after: float) -> str:
     return f"{(after - before) / before:+.0%}"
 
 
+def _plan_rows(facts: dict) -> list[tuple[str, ...]]:
+    """The sharding search's rows (tune/search.py) as text cells: plan, status, estimated
+    bytes per device before compiling, measured peak and collective bytes per device."""
+    rows = []
+    for r in facts.get("plans", []):
+        estimate, measured = r.get("estimate"), r.get("figures")
+        rows.append(
+            (
+                r["plan"],
+                r["status"],
+                f"{estimate['total']:,}" if estimate else "-",
+                f"{measured['peak_bytes']:,.0f}" if measured else "-",
+                f"{measured['collective_bytes']:,.0f}" if measured else "-",
+            )
+        )
+    return rows
+
+
+_PLAN_HEAD = (
+    "plan",
+    "status",
+    "estimate bytes/device (before compiling, at least)",
+    "peak bytes/device",
+    "collective bytes/device",
+)
+
+
 def markdown(facts: dict) -> str:
     """The figures before and after, the config and what it rests on."""
     before, after = facts["before"], facts["after"]
@@ -45,6 +72,9 @@ def markdown(facts: dict) -> str:
             f"| {what} | {form.format(before[key])} | {form.format(after[key])} "
             f"| {_change(before[key], after[key])} |"
         )
+    if facts.get("plans"):
+        lines += ["", f"| {' | '.join(_PLAN_HEAD)} |", "|---|---|---:|---:|---:|"]
+        lines += [f"| {' | '.join(row)} |" for row in _plan_rows(facts)]
     lines += ["", "```json", json.dumps(facts["config"], indent=1), "```", ""]
     lines += [
         f"- {note}" if not note.startswith("  ") else f"  - {note.strip()}"
@@ -84,6 +114,13 @@ def html_page(facts: dict) -> str:
     )
     notes = "".join(f"<li>{html.escape(n.strip())}</li>" for n in facts["notes"])
     estimates = "".join(f"<li>{html.escape(e)}</li>" for e in facts["estimates"])
+    plans = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>"
+        for row in _plan_rows(facts)
+    )
+    if plans:
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in _PLAN_HEAD)
+        plans = f'<h2>Sharding plans</h2><table class="plans"><tr>{head}</tr>{plans}</table>'
     title = html.escape(f"tpu-inductor tune: {facts['script']}")
     return (
         '<!DOCTYPE html><html><head><meta charset="utf-8">'
@@ -91,7 +128,7 @@ def html_page(facts: dict) -> str:
         "section{margin-bottom:1em}h3{font-size:14px;margin:0.2em 0}</style></head><body>"
         f"<h1>{title}</h1><p>target platform {html.escape(facts['platform'])}, ran on "
         f"{html.escape(facts['ran_on'])}; config {html.escape(facts['config_file'])}</p>"
-        f"{sections}<h2>The config</h2><pre>{html.escape(json.dumps(facts['config'], indent=1))}"
+        f"{sections}{plans}<h2>The config</h2><pre>{html.escape(json.dumps(facts['config'], indent=1))}"
         f"</pre><ul>{notes}</ul>"
         + (f"<h2>Estimates (not measured here)</h2><ul>{estimates}</ul>" if estimates else "")
         + "</body></html>\n"

@@ -1,4 +1,5 @@
-"""`tpu-inductor tune SCRIPT [ARGS] [--platform tpu] [--budget MIN]`: record, propose, prove.
+"""`tpu-inductor tune SCRIPT [ARGS] [--mesh data=2,model=4 [--memory-per-device 2GiB]]
+[--platform tpu] [--budget MIN]`: record, propose, prove.
 
 1. Record: SCRIPT runs in a process of its own (tune/record.py) with the default options, its
    compile cache off, profiled, the `auto` bucket policy recording the sizes each symbol took
@@ -10,11 +11,15 @@
    record); for another (`--platform tpu` here) bucket_policy's DEFAULT_COMPILE_COST, and the
    report says it is an estimate. Written as `tuned.json`, which `options={"config": ...}` (or
    TPU_INDUCTOR_CONFIG) loads; beside it what the record says of precompiling, host sync and
-   fusion.
+   fusion. With `--mesh`, the sharding plan too (tune/search.py: each named plan that applies
+   and fits the stated memory runs once under the mesh; the least communication that fits is
+   chosen), written as the config's `sharding` record, which a script that builds its mesh
+   with `tpu_inductor.auto_mesh(...)` and places its model with `tpu_inductor.shard(model,
+   mesh, "auto")` receives unchanged (sharding/named.py).
 3. Prove: SCRIPT runs again in a new process with TPU_INDUCTOR_CONFIG=tuned.json; the report
    (report.md, report.html: tune/report.py) sets the two runs' figures side by side.
 
-Each run gets half of `--budget` minutes; a run that fails or overruns is a TpuInductorError
+Each run gets half of `--budget` minutes (the search's runs too); a run that fails or overruns is a TpuInductorError
 with the end of its log.
 """
 
@@ -30,7 +35,8 @@ from typing import Any
 from tpu_inductor.config import FUSION_DEFAULTS
 from tpu_inductor.exc import TpuInductorError
 from tpu_inductor.passes import bucket_policy
-from tpu_inductor.tune import report
+from tpu_inductor.sharding.mesh import parse_mesh
+from tpu_inductor.tune import report, search
 
 
 def run(script: str, args: list[str], out: Path, env: dict[str, str], budget_s: float) -> dict:
@@ -142,10 +148,69 @@ def propose(
     return config, notes, estimates
 
 
-def tune(script: str, args: list[str], out: Path, platform: str | None, budget_min: float):
+def _host_devices(flags: str, mesh) -> str:
+    """XLA_FLAGS with as many CPU devices as `mesh` has (virtual ones: a CPU-only machine can
+    run the mesh's programs; other platforms ignore the flag), unless the flags say already."""
+    if "xla_force_host_platform_device_count" in flags:
+        return flags
+    count = 1
+    for _, size in mesh.axes:
+        count *= size
+    return f"{flags} --xla_force_host_platform_device_count={count}".strip()
+
+
+def propose_sharding(
+    before: dict, mesh: str, memory: int | None, run_plan, platform: str
+) -> tuple[dict[str, Any], list[dict], list[str], list[str]]:
+    """(the config's sharding record, the search's rows, its notes, its estimates) for the
+    target `platform`."""
+    chosen, rows = search.search(before, figures, run_plan, memory)
+    stated = f"{memory:,} bytes per device stated" if memory is not None else "no memory stated"
+    notes = [
+        f"sharding on mesh {mesh} ({stated}): plan {chosen!r}, the least collective bytes "
+        "among the plans that fit; the script receives it through auto_mesh and "
+        'shard(model, mesh, "auto") with TPU_INDUCTOR_CONFIG set to this file:'
+    ]
+    notes += [
+        f"  {r['plan']}: {r['status']}" + (f" ({r['reason']})" if "reason" in r else "")
+        for r in rows
+    ]
+    estimates = [
+        "each plan's bytes per device before compiling (parameters, gradients, optimizer "
+        "state) come from the shapes and the plan's specs; only the defaults' plan's "
+        "call_need was measured, so the others' estimates are lower bounds"
+    ]
+    if platform != before["platform"]:
+        estimates.append(
+            f"each plan's peak and collective bytes per device: measured from "
+            f"{before['platform']}'s compiled modules of the same partitioned program, "
+            f"estimates for {platform}, whose compiler is not here: its pipeline makes "
+            "reduce-scatters of the sliced all-reduces XLA:CPU keeps (counted apart in the "
+            "collectives report) and schedules its own temporaries"
+        )
+    return {"mesh": mesh, "plan": chosen}, rows, notes, estimates
+
+
+def tune(
+    script: str,
+    args: list[str],
+    out: Path,
+    platform: str | None,
+    budget_min: float,
+    mesh: str | None = None,
+    memory: int | None = None,
+):
     """Record, propose and prove (the module's text); returns the report's facts."""
-    env = {k: v for k, v in os.environ.items() if k != "TPU_INDUCTOR_CONFIG"}
+    if memory is not None and mesh is None:
+        raise TpuInductorError("tpu-inductor tune: --memory-per-device needs a --mesh to search")
+    drop = ("TPU_INDUCTOR_CONFIG", "TPU_INDUCTOR_SHARDING")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env["TPU_INDUCTOR_CACHE"] = "0"  # both runs compile cold: their compiles compare
+    if mesh is not None:
+        parsed = parse_mesh(mesh)
+        mesh = str(parsed)
+        env["TPU_INDUCTOR_SHARDING"] = json.dumps({"mesh": mesh})
+        env["XLA_FLAGS"] = _host_devices(env.get("XLA_FLAGS", ""), parsed)
     plan_path = out / "bucket_plan.json"
     plan_path.unlink(missing_ok=True)
     recording = {
@@ -155,6 +220,23 @@ def tune(script: str, args: list[str], out: Path, platform: str | None, budget_m
     before = run(script, args, out / "before", recording, budget_min * 30)
     target = platform or before["platform"]
     config, notes, estimates = propose(before, plan_path, target)
+    rows = []
+    if mesh is not None:
+
+        def run_plan(name: str) -> dict:
+            placed = json.dumps({"mesh": mesh, "plan": name})
+            return run(
+                script,
+                args,
+                out / f"plan-{name}",
+                {**env, "TPU_INDUCTOR_SHARDING": placed},
+                budget_min * 30,
+            )
+
+        config["sharding"], rows, more, guessed = propose_sharding(
+            before, mesh, memory, run_plan, target
+        )
+        notes, estimates = notes + more, estimates + guessed
     tuned = out / "tuned.json"
     tuned.write_text(json.dumps(config, indent=1) + "\n")
     after = run(
@@ -168,6 +250,7 @@ def tune(script: str, args: list[str], out: Path, platform: str | None, budget_m
         "config_file": str(tuned),
         "notes": notes,
         "estimates": estimates,
+        "plans": rows,
         "before": figures(before),
         "after": figures(after),
     }
@@ -192,6 +275,10 @@ def add_subcommands(commands) -> None:
         "--platform", choices=("cpu", "gpu", "tpu"), help="the target (default: this machine's)"
     )
     parser.add_argument("--budget", type=float, default=30.0, help="minutes for both runs")
+    parser.add_argument("--mesh", help="search the sharding plans on this mesh: data=2,model=4")
+    parser.add_argument(
+        "--memory-per-device", help="refuse plans that cannot fit it (2GiB, 512MiB, bytes)"
+    )
     parser.add_argument("script", help="the Python file to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     parser.set_defaults(run=_main)
@@ -200,6 +287,9 @@ def add_subcommands(commands) -> None:
 def _main(args) -> int:
     if not Path(args.script).is_file():
         raise FileNotFoundError(f"no such script: {args.script}")
-    facts = tune(args.script, args.args, Path(args.out), args.platform, args.budget)
+    memory = None if args.memory_per_device is None else search.parse_bytes(args.memory_per_device)
+    facts = tune(
+        args.script, args.args, Path(args.out), args.platform, args.budget, args.mesh, memory
+    )
     print(report.markdown(facts), end="")
     return 0
