@@ -4,8 +4,9 @@ Splash takes a mask it knows (full, causal, a causal window), segment ids and no
 So a `flex_attention` whose `score_mod` returns the score as it is and whose `mask_mod` is
 an and of: `q_idx >= kv_idx` (causal), that and `q_idx - kv_idx <= w` (a sliding window), a
 document mask `doc[q_idx] == doc[kv_idx]` (or `doc[b, q_idx] == doc[b, kv_idx]`, `doc` a
-captured integer tensor: its ids become the kernel's segment ids), or nothing (every key)
-becomes the Splash call the attention op makes (lowering/ops/attention_kernels.py: GQA,
+captured integer tensor: its ids become the kernel's segment ids), `kv_idx < n` (bucketing's
+mask of padded keys, passes/bucket_rules_flex.py: a mask over keys, as the kernel's segment
+ids too; not with a document mask) or nothing (every key) becomes the Splash call the attention op makes (lowering/ops/attention_kernels.py: GQA,
 scale, logsumexp), and its backward the kernel's own VJP. The rest, and any shape or dtype
 the kernel refuses, take the XLA form (lowering/ops/flex_attention.py); each choice is
 counted with its reason in the module's kernel choices (`tpu.flex_attention.splash`,
@@ -46,6 +47,7 @@ class _Form(NamedTuple):
     diagonal: int | None = None
     window: int | None = None
     document: tuple[int, bool] | None = None
+    keys: int | None = None  # which captured tensor holds how many keys are kept (the first)
 
 
 @register_lowering(hop.flex_attention, platform="tpu", needs_ctx=True)
@@ -68,9 +70,9 @@ def flex_attention_tpu(
     if not _count(ctx, reason):
         args = (query, key, value, score_mod, block_mask, scale, kernel_options, *buffers)
         return portable.xla_form(ctx, *args)
-    ids = _segment_ids(form, query, mask_mod_other_buffers)
+    ids, keep = _segment_ids(form, query, mask_mod_other_buffers), _keys(form, key, buffers[1])
     out, lse = attention_kernels.splash_attention(
-        query, key, value, scale, form.diagonal, None, form.window,
+        query, key, value, scale, form.diagonal, keep, form.window,
         interpret=ctx.interpret_kernels, segment_ids=ids,
     )  # fmt: skip
     results = [out, lse / math.log(2)]
@@ -106,9 +108,9 @@ def flex_attention_backward_tpu(
             ctx, query, key, value, out, logsumexp, grad_out, grad_logsumexp, fw_graph,
             joint_graph, block_mask, scale, kernel_options, *buffers,
         )  # fmt: skip
-    ids = _segment_ids(form, query, mask_mod_other_buffers)
+    ids, keep = _segment_ids(form, query, mask_mod_other_buffers), _keys(form, key, buffers[1])
     grads = attention_kernels.splash_attention_grads(
-        grad_out, query, key, value, scale, form.diagonal, None, form.window,
+        grad_out, query, key, value, scale, form.diagonal, keep, form.window,
         interpret=ctx.interpret_kernels, segment_ids=ids,
     )  # fmt: skip
     grads = tuple(g.astype(ctx.jax_dtype(e.dtype)) for g, e in zip(grads, ctx.out))
@@ -136,11 +138,24 @@ def _splash_form(query, key, value, score_mod, block_mask, score_buffers, mask_b
     form = _mask_form(block_mask[-1])
     if form is None:
         return None, "a mask_mod other than causal, a causal window, document ids or every key"
+    if form.document is not None and form.keys is not None:
+        return None, "a document mask over padded keys (bucketed lengths)"
     if form.document is not None:
         reason = _document_refusal(query, key, mask_buffers, *form.document)
         if reason is not None:
             return None, reason
-    return form, attention_kernels.splash_refusal(query, key, value, None, *form[:2])
+    if form.keys is not None and jnp.ndim(mask_buffers[form.keys]) != 0:
+        return None, f"a key count of shape {jnp.shape(mask_buffers[form.keys])}"
+    keep = _keys(form, key, mask_buffers)
+    return form, attention_kernels.splash_refusal(query, key, value, keep, *form[:2])
+
+
+def _keys(form, key, buffers):
+    """The keys kept, a bool mask [1, 1, 1, S] (`kv_idx < n`), or None: every key."""
+    if form.keys is None:
+        return None
+    kept = jnp.arange(key.shape[-2]) < buffers[form.keys]
+    return kept.reshape(1, 1, 1, -1)
 
 
 def _document_refusal(query, key, buffers, which: int, batched: bool) -> str | None:
@@ -184,12 +199,12 @@ def _returns_its_score(gm) -> bool:
 
 def _mask_form(gm) -> _Form | None:
     """The `_Form` of a mask_mod (None given: every key), an and of terms each causal, a
-    band (`q - kv <= w - 1`, with a causal term: a causal window), a document mask or true;
-    None for any other."""
+    band (`q - kv <= w - 1`, with a causal term: a causal window), a document mask, a key
+    count (`kv < n`) or true; None for any other."""
     if gm is None:
         return _Form()
     inputs, result = _ends(gm)
-    causal, window, document = False, None, None
+    causal, window, document, keys = False, None, None, None
     for term in _and_terms(result):
         width = _band(term, inputs)
         if _is_true(term):
@@ -200,11 +215,23 @@ def _mask_form(gm) -> _Form | None:
             window = width
         elif document is None and (document := _document(term, inputs)) is not None:
             continue
+        elif keys is None and (keys := _key_count(term, inputs)) is not None:
+            continue
         else:
             return None
     if window is not None and not causal:
         return None
-    return _Form(0 if causal else None, window, document)
+    return _Form(0 if causal else None, window, document, keys)
+
+
+def _key_count(node, inputs) -> int | None:
+    """Which captured tensor n, for `kv_idx < n`; None for any other node."""
+    if not _is_call(node) or node.target is not aten.lt.Tensor or len(node.args) != 2:
+        return None
+    kv, n = node.args
+    if kv is not inputs[_KV] or n not in inputs[4:]:
+        return None
+    return inputs.index(n) - 4
 
 
 def _and_terms(node) -> list:

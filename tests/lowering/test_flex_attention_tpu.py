@@ -2,8 +2,9 @@
 a training step's forward and backward traced to ATen, lowered by the TPU's rules and run on
 this CPU with the Pallas kernels interpreted (`GraphRunner(..., interpret_kernels=True)`),
 against eager torch. Causal, sliding-window, unmasked and document-masked attentions (GQA
-too; a document's ids per sequence or per batch row, as TorchTitan packs them) are Splash
-calls, the document ids its segment ids; a score_mod or a mask reading a captured tensor any
+too; a document's ids per sequence or per batch row, as TorchTitan packs them; the first n
+keys, as bucketing masks padded keys) are Splash calls, the document ids or the keys kept its
+segment ids; a score_mod or a mask reading a captured tensor any
 other way takes the XLA form, its reason counted. Compiled for the TPU, a training step with
 a document mask holds the kernel's calls and no sequence x sequence tensor.
 """
@@ -64,6 +65,13 @@ def _document_ends():
     return lambda b, h, q, kv: q <= ends[b, kv]
 
 
+_KEPT = torch.tensor(200)  # bucketing's mask of padded keys (passes/bucket_rules_flex.py)
+
+
+def _first_keys(b, h, q, kv):
+    return kv < _KEPT
+
+
 def _alibi(score, b, h, q, kv):
     return score - (q - kv).abs() * 0.1
 
@@ -78,6 +86,15 @@ CASES = {  # mask_mod, score_mod, kv heads, batch, the choice expected
     # TorchTitan's and_masks(causal, document) over two packed rows, grouped-query heads
     "row documents, causal, gqa": (and_masks(_causal, _row_document), None, 2, 2, SPLASH),
     "row documents": (_row_document, None, 4, 2, SPLASH),
+    "first keys, causal": (and_masks(_causal, _first_keys), None, 4, 1, SPLASH),
+    "first keys, gqa": (_first_keys, None, 2, 2, SPLASH),
+    "first keys, documents": (
+        and_masks(_row_document, _first_keys),
+        None,
+        4,
+        2,
+        XLA + "a document mask over padded",
+    ),
     "document ends": (and_masks(_causal, _document_ends()), None, 4, 2, XLA + "a mask_mod"),
     "alibi": (_causal, _alibi, 4, 1, XLA + "a score_mod"),
 }
