@@ -98,7 +98,7 @@ def test_shard_auto_places_by_the_configured_plan(monkeypatch):
 
 def _survey(optimizer=torch.optim.AdamW) -> tuple[torch.nn.Module, dict]:
     model = _llama()
-    named.surveys.append({"mesh": str(MESH), "plan": "data", "plans": named.survey(model, MESH)})
+    named.surveys[:] = [{"mesh": str(MESH), "plan": "data", "plans": named.survey(model, MESH)}]
     named.note_optimizer(optimizer(model.parameters(), lr=1e-3))
     return model, named.surveys[-1]
 

@@ -8,9 +8,8 @@ A script written once runs under its defaults and under a tuned config unchanged
 
 The config is options' `sharding` record (TPU_INDUCTOR_CONFIG=tuned.json, which `tpu-inductor
 tune --mesh` writes, or TPU_INDUCTOR_SHARDING). Each "auto" call also keeps a survey of the
-model for the tuner (`surveys`): per named plan, the bytes of parameters and of the gradients
-and optimizer state a training step holds per device, from the shapes and the plan's specs
-alone: nothing compiled.
+model for the tuner (`surveys`, the last call's): per named plan, the bytes of parameters (and
+of those that train) per device, from the shapes and the plan's specs alone: nothing compiled.
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ DEFAULT = "data"
 # SGD's and RMSprop's follow their hyperparameters: note_optimizer).
 _STATES = {"Adam": 2, "AdamW": 2, "Adamax": 2, "NAdam": 2, "RAdam": 2, "Adadelta": 2, "Adagrad": 1}
 
-# One entry per `shard(model, mesh, "auto")` in this process (the tuner's record reads them).
+# The last `shard(model, mesh, "auto")`'s survey, the one entry (the tuner's record reads it).
 surveys: list[dict] = []
 
 
@@ -88,7 +87,7 @@ def auto_mesh(default) -> Mesh:
 def auto(model: torch.nn.Module, mesh: Mesh) -> plans.Plan:
     """The configured plan (else DEFAULT) on `mesh`; surveys every named plan for `model`."""
     name = Options.from_user().sharding.plan or DEFAULT
-    surveys.append({"mesh": str(mesh), "plan": name, "plans": survey(model, mesh)})
+    surveys[:] = [{"mesh": str(mesh), "plan": name, "plans": survey(model, mesh)}]
     return plan(name, mesh)
 
 
@@ -104,20 +103,26 @@ def survey(model: torch.nn.Module, mesh: Mesh) -> dict[str, dict]:
             found[name] = {"error": str(e)}
             continue
         figures = {"parameters": 0, "trainable": 0, "buffers": 0}
-        for kind, tensors in (("parameters", model.named_parameters()), ("buffers", None)):
-            for tensor_name, tensor in tensors or model.named_buffers():
-                split = math.prod(sizes[a] for a in given.get(tensor_name, ()) if a is not None)
-                share = -(-tensor.numel() // split) * tensor.element_size()
-                figures[kind] += share
-                if kind == "parameters" and tensor.requires_grad:
-                    figures["trainable"] += share
+        for tensor_name, tensor in model.named_parameters():
+            share = _share(tensor, given.get(tensor_name, ()), sizes)
+            figures["parameters"] += share
+            figures["trainable"] += share if tensor.requires_grad else 0
+        for tensor_name, tensor in model.named_buffers():
+            figures["buffers"] += _share(tensor, given.get(tensor_name, ()), sizes)
         found[name] = figures
     return found
 
 
+def _share(tensor: torch.Tensor, spec: Spec, sizes: dict[str, int]) -> int:
+    """The bytes of `tensor` one device holds when it is split by `spec`."""
+    split = math.prod(sizes[axis] for axis in spec if axis is not None)
+    return -(-tensor.numel() // split) * tensor.element_size()
+
+
 def note_optimizer(optimizer: torch.optim.Optimizer) -> None:
-    """Keep, on the last survey, how many parameter-sized state tensors `optimizer` keeps per
-    parameter (None: an optimizer this table does not know)."""
+    """Keep, on the last survey (the model placed last: shard_optimizer_state follows its
+    shard), how many parameter-sized state tensors `optimizer` keeps per parameter (None: an
+    optimizer this table does not know)."""
     if not surveys:
         return
     kind = type(optimizer).__name__

@@ -73,7 +73,13 @@ def check_fits(name: str, figures: dict, memory: int | None) -> None:
     parts = ", ".join(
         f"{kind} {'not known' if v is None else f'{v:,}'}"
         for kind, v in figures.items()
-        if kind != "total"
+        if kind not in ("total", "call_need")
+    )
+    need = figures["call_need"]
+    parts += (
+        "; its calls' needs not known before compiling"
+        if need is None
+        else f"; its largest call's need beyond the resident state, measured: {need:,}"
     )
     raise PlanDoesNotFitError(
         f"plan {name!r} needs at least {figures['total']:,} bytes per device ({parts}); the "
