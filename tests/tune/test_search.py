@@ -104,6 +104,7 @@ def _survey(optimizer=torch.optim.AdamW) -> tuple[torch.nn.Module, dict]:
 
 
 def _record(survey: dict, peak: float = 0.0, collective: float = 0.0) -> dict:
+    """A defaults' or a plan's record as search reads it (figures: what figures_of returns)."""
     graphs = {"forward_0": {"need_bytes": 1000}, "backward_1": {"need_bytes": 5000}}
     figures = {"peak_bytes": peak, "collective_bytes": collective}
     return {"sharding": survey, "graphs": graphs, "figures": figures}
@@ -238,3 +239,35 @@ def test_acceptance_tune_searches_the_plans_of_a_llama_on_8_devices(tmp_path, mo
     assert after["peak_bytes"] < before["peak_bytes"]
     assert after["peak_bytes"] <= 1.5 * 2**20
     assert "| data | refused |" in (out / "report.md").read_text()
+
+
+def test_a_plan_whose_run_fails_is_its_row_and_not_chosen():
+    _, survey = _survey()
+    before = _record(survey, peak=100, collective=50)
+
+    def run_plan(name):
+        if name == "fsdp":
+            raise TpuInductorError("tpu-inductor tune: llama.py failed (exit 1): not eager's")
+        return _record(survey, peak=100, collective=10)
+
+    chosen, rows = search.search(before, lambda r: r["figures"], run_plan, None)
+    fsdp = next(r for r in rows if r["plan"] == "fsdp")
+    assert fsdp["status"] == "failed" and "not eager's" in fsdp["reason"]
+    assert chosen == "tensor_parallel"  # the first of the fewest collective bytes
+
+
+def test_for_another_platform_the_measured_plan_figures_are_marked_estimates(monkeypatch):
+    monkeypatch.setattr(tune, "figures", lambda record: record["figures"])
+    _, survey = _survey()
+    before = {**_record(survey, peak=100, collective=5), "platform": "cpu"}
+
+    def run(platform):
+        return tune.propose_sharding(
+            before, "data=2,model=4", None, lambda n: _record(survey, 100, 10), platform
+        )
+
+    config, rows, notes, estimates = run("tpu")
+    assert config == {"mesh": "data=2,model=4", "plan": "data"}
+    assert any("estimates for tpu, whose compiler is not here" in e for e in estimates)
+    assert not any("estimates for" in e for e in run("cpu")[3])
+    assert "lower bounds" in estimates[0]  # the shapes' figures, on every platform

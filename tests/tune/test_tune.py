@@ -110,6 +110,10 @@ def _facts() -> dict:
         "config_file": "tuned.json",
         "notes": ["bucket plan:", "  n: sizes 9..40 -> buckets [40]"],
         "estimates": [],
+        "plans": [
+            {"plan": "data", "status": "refused", "estimate": {"total": 9000}},
+            {"plan": "fsdp", "status": "chosen", "estimate": {"total": 10}, "figures": figures},
+        ],
         "before": figures,
         "after": {**figures, "compiles": 2.0, "padded_share": 0.0},
     }
@@ -136,6 +140,7 @@ def test_the_html_report_renders_in_headless_chromium(tmp_path):
     assert "tpu-inductor tune: train.py &lt;&amp;&gt;" in dom  # the script's name escaped
     bars = len(report.FIGURES)
     assert dom.count('class="bar defaults"') == dom.count('class="bar tuned"') == bars
+    assert "<td>data</td><td>refused</td><td>9,000</td><td>-</td>" in dom  # the plan search
     assert "http" not in page.read_text()  # self-contained: nothing fetched
     shot = tmp_path / "shot.png"
     subprocess.run(

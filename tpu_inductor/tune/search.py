@@ -15,9 +15,11 @@ the plan does not apply. For each plan that applies, before anything is compiled
   compiled or run for it. (The defaults' plan ran already, as the baseline the report compares
   against; refused, it is not proposed.)
 
-Each plan left runs once (its results checked by the program itself), scored by its compiled
-modules' per-device peak (the memory ledger's estimate: resident bytes and the largest need of
-XLA's memory analysis) and the bytes its collectives moved per device (sharding/collectives.py).
+Each plan left runs once, scored by its compiled modules' per-device peak (the memory ledger's
+estimate: resident bytes and the largest need of XLA's memory analysis) and the bytes its
+collectives moved per device (sharding/collectives.py). The program checks its own results: a
+run that fails (results not eager's, a compile refused) is its plan's row, "failed" with the
+end of its log, and the plan is not chosen.
 The choice: among the plans that fit the memory once compiled (every plan, without a stated
 memory), the one whose collectives move the fewest bytes, then the smallest peak: the least
 communication that fits (data parallelism when the weights fit, FSDP or tensor parallelism
@@ -29,7 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from tpu_inductor.exc import OptionError, PlanDoesNotFitError
+from tpu_inductor.exc import OptionError, PlanDoesNotFitError, TpuInductorError
 from tpu_inductor.sharding import named
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -114,7 +116,11 @@ def search(
         except PlanDoesNotFitError as refused:
             row.update(status="refused", reason=str(refused))
             continue
-        record = before if name == survey["plan"] else run_plan(name)
+        try:
+            record = before if name == survey["plan"] else run_plan(name)
+        except TpuInductorError as failed:  # its results differ from eager's, it cannot compile
+            row.update(status="failed", reason=str(failed))
+            continue
         row["figures"] = figures_of(record)
         fits = memory is None or row["figures"]["peak_bytes"] <= memory
         row["status"] = "ran" if fits else "did not fit once compiled"
