@@ -17,9 +17,15 @@ XLA form elsewhere, naming why:
   (an additive bias, a mask with a query dim) is not. Head dims under the 128 lanes the kernel
   pads itself (jax-ml/jax#30861). Grouped-query and multi-query attention (the op's q heads
   a multiple of K/V's) read K/V unrepeated: the kernel maps each query head to its K/V head.
-  The kernel applies no scale: q is scaled first, in float32, and rounded to its dtype. The
+  The kernel applies no scale: q is scaled first, in float32, and rounded to its dtype where
+  that rounds nothing (a power-of-two scale), else passed in float32 (`_scaled_queries`). A
+  query length that is not a multiple of 128 is padded to one (zero rows, results dropped;
+  counted `tpu.splash: query rows padded L -> P`); the key length must be one. The
   backward is the kernel's own VJP (its dq and dkv kernels) taken through a recomputed
   forward: the kernel's backward that takes saved residuals is private to jax.
+- `tpu`, one query row (a decode step against a static KV cache): jax's paged attention
+  kernel first (lowering/ops/attention_decode.py: bfloat16, a prefix of the cache), else
+  Splash with the row padded, else the XLA form, the reason naming both refusals.
 - `cuda`: cuDNN's fused attention through `jax.nn.dot_product_attention(implementation=
   "cudnn")` (its BTNH layout, so q/k/v are transposed in and out) for float16/bfloat16,
   [B, H, L, D] attention, full or causal (no decode diagonal, no mask tensor: cuDNN would take
@@ -142,6 +148,18 @@ def _given_segments(q_ids, kv_ids, length, count):
     return splash.SegmentIds(q=q_ids, kv=kv_ids.reshape(-1, count))
 
 
+def _scaled_queries(q, scale):
+    """q times `scale` for the kernel, which applies no scale: in q's dtype where that rounds
+    nothing (float32 q, or a power-of-two scale: head dim 64's 1/8), else in float32 (bfloat16
+    q / sqrt(128) would be rounded before the kernel: dq 1.33x eager's mean error from float64).
+    The kernel takes float32 q beside bfloat16 K/V, and its output is then float32 (rounded
+    to q's dtype after it, once); on a TPU its q·K and, in the backward, its dK and dV products then take
+    a float32 operand."""
+    scaled = q.astype(jnp.float32) * scale
+    exact = q.dtype == jnp.float32 or math.frexp(scale)[0] == 0.5
+    return scaled.astype(q.dtype) if exact else scaled
+
+
 def _block(size: int) -> int:
     return next(b for b in _BLOCKS if size % b == 0)
 
@@ -201,7 +219,7 @@ def splash_attention(
     heads, rows_given, _ = q.shape[-3:]
     lead, count, length = q.shape[:-3], k.shape[-2], padded_rows(q.shape[-2])
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scaled = (q.astype(jnp.float32) * scale).astype(q.dtype)  # the kernel applies no scale
+    scaled = _scaled_queries(q, scale)
     scaled = jnp.pad(scaled, [(0, 0)] * (q.ndim - 2) + [(0, length - rows_given), (0, 0)])
     flat = [t.reshape(-1, *t.shape[-3:]) for t in (scaled, k, v)]
     with x64_scope("narrow"):  # the kernel's index arithmetic mixes int32 with default ints
@@ -216,6 +234,7 @@ def splash_attention(
                 ids, rows = _segments(keep, length, causal_diagonal, window)
             result = jax.vmap(lambda q, k, v, i: kernel(q, k, v, segment_ids=i))(*flat, ids)
     out, lse = (result, None) if not residuals else (result[0], result[1][0])
+    out = out.astype(q.dtype)  # float32 where the queries were passed in float32
     out, lse = out[..., :rows_given, :], None if lse is None else lse[..., :rows_given]
     if rows is not None:
         rows = rows[:, None, :rows_given]  # [N, 1, L]: every head
@@ -250,8 +269,8 @@ def splash_attention_grads(
         segment_ids=segment_ids,
     )
     with x64_scope("narrow"):
-        _, vjp = jax.vjp(fwd, q, k, v)
-        return vjp(grad.astype(q.dtype))
+        out, vjp = jax.vjp(fwd, q, k, v)
+        return vjp(grad.astype(out.dtype))
 
 
 def _decoding(q, refusal: str | None) -> str | None:
