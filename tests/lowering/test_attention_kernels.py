@@ -1,6 +1,6 @@
 """The attention op's per-platform kernels (lowering/ops/attention_kernels.py).
 
-The TPU lowering (Splash attention) is produced here: `lower(..., platform="tpu")` and the AOT
+The TPU lowering (Splash attention, the decode kernel) is produced here: `lower(..., platform="tpu")` and the AOT
 compiler give StableHLO with the kernel's `tpu_custom_call`; its numerics are checked in Pallas
 interpret mode against eager SDPA, forward and backward. Unsupported shapes and masks fall back
 to the XLA form with the reason counted. Grouped-query folding: a Llama decode step against a
@@ -211,3 +211,19 @@ def test_gqa_folding_drops_a_decode_steps_temporaries_by_the_group_factor():
     for fuse in (False, True):
         assert_same(results[fuse][1], results[None][1])
     assert results[False][0] > 3 * results[True][0], results
+
+
+def test_decode_kernel_reads_the_cache_in_place():
+    """A bfloat16 decode step (GQA 8:2, a 512-key cache): the decode kernel's pages are the
+    cache reshaped (B*Hkv heads of 128-key pages), never a transposed copy of it."""
+    q, k, v, _ = _inputs(8, 2, 1, 512, 128, torch.bfloat16, batch=2)
+
+    def fn(q, k, v):
+        return ops.attention(q, k, v, None, SCALE, None)[0]
+
+    lowered = lower(make_fx(fn, tracing_mode="fake")(q, k, v), [q, k, v], platform="tpu")
+    assert lowered.kernel_choices == {"tpu.paged_attention": 1}
+    cache = "tensor<2x2x512x128xbf16>"
+    assert lowered.text.count(f"({cache}) -> tensor<4x4x128x128xbf16>") == 2  # K's and V's
+    assert not [x for x in lowered.text.splitlines() if "transpose" in x and cache in x]
+    assert "tpu_custom_call" in lowered.text
