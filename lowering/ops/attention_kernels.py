@@ -153,8 +153,8 @@ def _scaled_queries(q, scale):
     nothing (float32 q, or a power-of-two scale: head dim 64's 1/8), else in float32 (bfloat16
     q / sqrt(128) would be rounded before the kernel: dq 1.33x eager's mean error from float64).
     The kernel takes float32 q beside bfloat16 K/V, and its output is then float32 (rounded
-    to q's dtype after it, once); on a TPU its q·K and, in the backward, its dK and dV products then take
-    a float32 operand."""
+    to q's dtype after it, once); on a TPU its q·K and, in the backward, its dK and dV
+    products then take a float32 operand."""
     scaled = q.astype(jnp.float32) * scale
     exact = q.dtype == jnp.float32 or math.frexp(scale)[0] == 0.5
     return scaled.astype(q.dtype) if exact else scaled
