@@ -74,6 +74,23 @@ def test_each_named_plan_s_bytes_per_device_come_from_shapes_and_specs():
     assert "no stacked expert weights" in found["expert_parallel"]["error"]
 
 
+def test_expert_parallel_splits_an_moe_s_stacked_experts_and_its_attention_over_model():
+    from tests import hf_zoo
+
+    model, _ = hf_zoo.build("mixtral")
+    given = named.specs("expert_parallel", model, MESH)
+    experts = [n for n, p in model.named_parameters() if ".experts." in n and p.ndim == 3]
+    assert experts and all(given[n] == ("model",) for n in experts)
+    assert given["model.layers.0.self_attn.o_proj.weight"] == (None, "model")
+    found = named.survey(model, MESH)
+    whole = dict(model.named_parameters())
+    expert_bytes = sum(_bytes(whole[n]) for n in experts)
+    # a quarter of the experts on each device, and attention's projections split too
+    assert found["expert_parallel"]["parameters"] < (
+        found["data"]["parameters"] - expert_bytes * 3 // 4
+    )
+
+
 def test_shard_auto_places_by_the_configured_plan(monkeypatch):
     """Without a config, "auto" keeps the weights whole on the given mesh; with one, the
     config's mesh (auto_mesh) and plan; a plan name that is not one is an error naming them."""
@@ -195,25 +212,39 @@ def _env() -> dict:
     return env
 
 
-def test_a_tuned_config_s_plan_reaches_an_unmodified_script_on_8_devices(tmp_path):
-    """tuned.json's sharding record: the Llama program (which checks itself against eager)
-    builds its mesh with auto_mesh and places with shard(model, mesh, "auto"); recorded, its
-    model was placed by the config's plan on the config's mesh, and its collectives moved
-    bytes."""
+@pytest.mark.parametrize(
+    ("program", "plan", "optimizer"),
+    [
+        ("llama_mesh.py", "tensor_parallel", {"kind": "AdamW", "states": 2}),
+        pytest.param(
+            "moe_mesh.py",
+            "expert_parallel",
+            {"kind": "SGD", "states": 0},
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+def test_a_tuned_config_s_plan_reaches_an_unmodified_script_on_8_devices(
+    tmp_path, program, plan, optimizer
+):
+    """tuned.json's sharding record: the program (a Llama; an MoE, its experts over "model":
+    slow), which checks itself against eager, builds its mesh with auto_mesh and places with
+    shard(model, mesh, "auto"); recorded, its model was placed by the config's plan on the
+    config's mesh, and its collectives moved bytes."""
     config = tmp_path / "tuned.json"
-    placed = {"mesh": "data=2,model=4", "plan": "tensor_parallel"}
+    placed = {"mesh": "data=2,model=4", "plan": plan}
     config.write_text(json.dumps({"sharding": placed}))
-    assert Options.from_user({"config": str(config)}).sharding.plan == "tensor_parallel"
+    assert Options.from_user({"config": str(config)}).sharding.plan == plan
     env = {**_env(), "TPU_INDUCTOR_CONFIG": str(config), "TPU_INDUCTOR_CACHE": "0"}
     command = [sys.executable, "-m", "tpu_inductor.tune.record", str(tmp_path), "0"]
-    command += [str(LLAMA), "1"]
+    command += [str(LLAMA.parent / program), "1"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "1 steps on mesh data=2,model=4: equal to eager" in done.stdout
     record = json.loads((tmp_path / "record.json").read_text())
-    assert record["sharding"]["plan"] == "tensor_parallel"
+    assert record["sharding"]["plan"] == plan
     assert record["sharding"]["mesh"] == "data=2,model=4"
-    assert record["sharding"]["optimizer"] == {"kind": "AdamW", "states": 2}
+    assert record["sharding"]["optimizer"] == optimizer
     assert sum(g["collective_bytes"] for g in record["graphs"].values()) > 0
 
 
