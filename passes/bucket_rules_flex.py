@@ -1,8 +1,8 @@
 """Padding rules of FlexAttention's higher-order ops, `flex_attention` and its backward.
 
-Which positions attend is the `mask_mod` subgraph's alone (the lowering reads neither the block
-mask's tensors nor its lengths: lowering/ops/flex_attention.py), so padded keys are masked in
-it: the mask_mod is replaced by a copy that ands `kv_idx < true_keys`, the true key length a new
+Which positions attend is the `mask_mod` subgraph's (the lowering reads the block mask's
+tables only to pass over the key blocks no query block lists, and never its lengths:
+lowering/ops/flex_attention.py), so padded keys are masked in it: the mask_mod is replaced by a copy that ands `kv_idx < true_keys`, the true key length a new
 captured tensor (the pass's 0-d true-size input). Real query rows then see eager's keys, eager's
 scores and eager's mask; padded query rows are whatever they are, and are sliced off. So that
 they never reach a gradient, every padded operand (q, k, v, the captured tensors, and in the
@@ -14,7 +14,9 @@ captured bias's gradient; finite operands keep 0 · that gradient 0.
       -> %o = flex_attention(%q', %k', %v', %score, (%s, %s, ..., %mask_keys), ..., (*bufs, %true_s))
          %mask_keys(b, h, q, kv, *bufs, n) = %mask(b, h, q, kv, *bufs) & (kv < n)
 
-Refused: heads or head dims padded, a key length that is a merged dim.
+A block mask's tables made at the true lengths list no padded block; tables whose own dims are
+padded hold garbage in padded query blocks' rows and past each row's count, which only padded
+query rows read. Refused: heads or head dims padded, a key length that is a merged dim.
 """
 
 from __future__ import annotations

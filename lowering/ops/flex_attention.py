@@ -18,12 +18,13 @@ attention backward does), for the query, key, value and every floating captured 
 `score_mod` (a learnable bias); `joint_graph`, torch's hand-made derivative of `score_mod`,
 is not needed.
 
-Which positions are kept is `mask_mod`'s alone, as in torch's reference: a block mask made by
-`create_block_mask` lists exactly the blocks where `mask_mod` keeps something. Past `ROWS`
-queries the scores are formed a block of rows at a time (`lax.map` over checkpointed blocks,
-recomputed in the backward), so the temporaries hold ROWS × keys of them, not queries × keys.
-Blocks the mask leaves empty are still computed, then masked: skipping them (the block
-indices read as data) is not done yet.
+Which positions are kept is `mask_mod`'s, as in torch's reference; where the block mask's
+tables tile the lengths, the key blocks no query block lists are not computed at all
+(lowering/ops/flex_attention_blocks.py: a running softmax over the listed blocks, a query
+block at a time). Elsewhere (lengths not multiples of the block sizes, no block mask) every
+block is computed, then masked: past `ROWS` queries a block of rows at a time (`lax.map` over
+checkpointed blocks, recomputed in the backward), so the temporaries hold ROWS × keys of the
+scores, not queries × keys.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch
 
 from ...exc import LoweringError
 from ..registry import register_lowering
+from . import flex_attention_blocks as blocks
 
 aten, hop = torch.ops.aten, torch.ops.higher_order
 
@@ -43,7 +45,8 @@ aten, hop = torch.ops.aten, torch.ops.higher_order
 ROWS = 512
 
 # Counted in the module's kernel choices (on every platform: no kernel takes it yet).
-_CHOICE = "flex_attention.xla: the scores formed in blocks of rows, no kernel for it yet"
+_CHOICE = "flex_attention.xla: no kernel for it yet, "
+_LISTED, _DENSE = "the listed blocks alone", "every block computed and masked"
 
 # The block mask's tuple (BlockMask.as_tuple()) ends with its mask_mod (torch checks its
 # lengths against the call's; without a block mask it is a one-block mask that keeps all).
@@ -53,7 +56,9 @@ _MASK_MOD = -1
 @register_lowering(hop.flex_attention, needs_ctx=True)
 def flex_attention(ctx, *args):
     """(output, logsumexp in base 2[, max score in base 2]) as the node expects."""
-    ctx.chose(_CHOICE)
+    query, key, block_mask = args[0], args[1], args[4]
+    listed = blocks.listed_blocks(block_mask, query.shape[-2], key.shape[-2])
+    ctx.chose(_CHOICE + (_DENSE if listed is None else _LISTED))
     return xla_form(ctx, *args)
 
 
@@ -155,10 +160,17 @@ def _attention(ctx, score_mod, block_mask, scale, mask_buffers):
             jnp.broadcast_to(v, (batch, *v.shape[1:])),
         )
 
-        def rows(q_rows, start):
-            return _rows_attention(q_rows, k, v, start, score_buffers, scale, score_fn, mask)
+        def scores_of(q_rows, k_rows, start, kv_start):
+            grid = (q_rows, k_rows, start, kv_start, score_buffers, scale, score_fn, mask)
+            return _scores(*grid)
 
-        if length <= ROWS or length % ROWS:
+        def rows(q_rows, start):
+            return _rows_attention(q_rows, k, v, scores_of(q_rows, k, start, 0))
+
+        listed = blocks.listed_blocks(block_mask, length, k.shape[-2])
+        if listed is not None:
+            out, lse, top = blocks.attend(q, k, v, listed, scores_of)
+        elif length <= ROWS or length % ROWS:
             out, lse, top = rows(q, 0)
         else:  # a block of query rows at a time, recomputed in the backward: O(ROWS x keys)
             count = length // ROWS
@@ -171,9 +183,9 @@ def _attention(ctx, score_mod, block_mask, scale, mask_buffers):
     return attend
 
 
-def _rows_attention(q, k, v, start, score_buffers, scale, score_fn, mask):
-    """Attention of the query rows `q` (the first at row `start`) over every key: (output,
-    logsumexp, max score), natural logs; the score matrix of these rows formed whole."""
+def _scores(q, k, start, kv_start, score_buffers, scale, score_fn, mask):
+    """The modded, masked scores of the query rows `q` (the first at row `start`) against the
+    keys `k` (the first at `kv_start`), in float32 (float64 for float64 inputs)."""
     batch, heads, length, _ = q.shape
     work = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
     scores = jnp.einsum(
@@ -181,10 +193,17 @@ def _rows_attention(q, k, v, start, score_buffers, scale, score_fn, mask):
     )
     scores = (scores * scale).astype(work)
     b, h, queries, keys = _grid(batch, heads, length, k.shape[-2])
-    grid = (b, h, queries + start, keys)
+    grid = (b, h, queries + start, keys + kv_start)
     modded = score_fn(scores, *grid, *score_buffers).astype(work)
     if mask is not None:
         modded = jnp.where(mask(*grid), modded, -jnp.inf)
+    return modded
+
+
+def _rows_attention(q, k, v, modded):
+    """Attention of query rows `q` over every key, their scores `modded`: (output, logsumexp,
+    max score), natural logs; the score matrix of these rows formed whole."""
+    work = modded.dtype
     top = jnp.max(modded, axis=-1)
     empty = jnp.isneginf(top)
     safe_top = jnp.where(empty, 0.0, top)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from tpu_inductor import enable_flex_attention_training
 
@@ -189,3 +189,30 @@ def test_long_queries_are_attended_a_block_of_rows_at_a_time(compiled_graphs):
     forward, backward = (g.executable.get_compiled_memory_stats() for g in compiled_graphs)
     assert forward.temp_size_in_bytes < whole
     assert backward.temp_size_in_bytes < 1.5 * whole
+
+
+def test_blocks_the_block_mask_does_not_list_are_not_computed(compiled_graphs):
+    """The XLA form visits the key blocks the block mask lists, nothing else: a block mask
+    whose tables list each query block's own key block alone, its mask_mod keeping every key,
+    gives block-diagonal attention (as torch's kernels give it; its eager reference reads
+    mask_mod alone, so eager's side is the block-diagonal mask_mod)."""
+    blocks = LENGTH // 128
+    own = torch.arange(blocks, dtype=torch.int32).reshape(1, 1, blocks, 1)
+    listed = BlockMask.from_kv_blocks(
+        torch.ones(1, 1, blocks, dtype=torch.int32), own, BLOCK_SIZE=128,
+        seq_lengths=(LENGTH, LENGTH),
+    )  # fmt: skip
+
+    def diagonal(b, h, q, kv):
+        return q // 128 == kv // 128
+
+    def attend(q, k, v):
+        return flex_attention(q, k, v, block_mask=listed)
+
+    inputs = _inputs(torch.float32)
+    expected = _run(_attention(diagonal, None, {}), inputs)
+    found = _run(_compiled(attend), inputs)
+    for name, e, f in zip(("output", "dq", "dk", "dv"), expected, found):
+        assert _relative(f, e) <= 1e-5, (name, _relative(f, e))
+    (choice,) = compiled_graphs[0].lowered.kernel_choices
+    assert choice.endswith("the listed blocks alone"), choice
