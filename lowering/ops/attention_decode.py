@@ -37,7 +37,7 @@ _PAGES = (128, 64, 32, 16)  # page sizes tried, largest first: multiples of bflo
 _BLOCK = 512  # keys per compute block, at most (pages_per_compute_block * page size)
 
 KEY = "paged_attention"
-MASKED_KEY = "paged_attention (a mask that keeps no prefix of the cache: XLA form, at run time)"
+MASKED_KEY = "paged_attention (the XLA form, chosen at run time, where the mask keeps no prefix)"
 
 
 def refusal(q, k, v, mask, keys, causal_diagonal, window, lse_read: bool) -> str | None:

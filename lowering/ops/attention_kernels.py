@@ -20,7 +20,7 @@ XLA form elsewhere, naming why:
   The kernel applies no scale: q is scaled first, in float32, and rounded to its dtype where
   that rounds nothing (a power-of-two scale), else passed in float32 (`_scaled_queries`). A
   query length that is not a multiple of 128 is padded to one (zero rows, results dropped;
-  counted `tpu.splash: query rows padded L -> P`); the key length must be one. The
+  counted `tpu.splash (query rows padded L -> P)`); the key length must be one. The
   backward is the kernel's own VJP (its dq and dkv kernels) taken through a recomputed
   forward: the kernel's backward that takes saved residuals is private to jax.
 - `tpu`, one query row (a decode step against a static KV cache): jax's paged attention
@@ -287,7 +287,7 @@ def _also(refusal: str | None, decoding: str) -> str | None:
 def _splash_key(q) -> str:
     """The choice key of a Splash call: its padded query rows, the work added, named."""
     rows = q.shape[-2] if q.ndim >= 3 else 0
-    return f"splash: query rows padded {rows} -> {padded_rows(rows)}" if rows % LANES else "splash"
+    return f"splash (query rows padded {rows} -> {padded_rows(rows)})" if rows % LANES else "splash"
 
 
 @register_lowering(ours.attention.default, platform="tpu", needs_ctx=True)

@@ -195,7 +195,7 @@ def test_bfloat16_head_dim_128_scales_queries_in_float32():
 
 
 PAGED = "tpu.paged_attention"
-PAGED_MASKED = f"{PAGED} (a mask that keeps no prefix of the cache: XLA form, at run time)"
+PAGED_MASKED = f"{PAGED} (the XLA form, chosen at run time, where the mask keeps no prefix)"
 
 
 @pytest.mark.parametrize(
@@ -217,4 +217,4 @@ def test_decode_kernel_bfloat16(kv_heads, dim, diagonal, padding, chosen):
 def test_decode_float32_splash_padded_rows():
     """float32 decode: the paged kernel reads K/V as bfloat16 (refused), so Splash computes it
     with the query row padded to a 128-row block; within 1e-5, forward and backward."""
-    _check(8, 2, 1, 512, 128, None, (-212, -212), chosen="tpu.splash: query rows padded 1 -> 128")
+    _check(8, 2, 1, 512, 128, None, (-212, -212), chosen="tpu.splash (query rows padded 1 -> 128)")
