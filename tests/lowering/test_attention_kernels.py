@@ -227,3 +227,26 @@ def test_decode_kernel_reads_the_cache_in_place():
     assert lowered.text.count(f"({cache}) -> tensor<4x4x128x128xbf16>") == 2  # K's and V's
     assert not [x for x in lowered.text.splitlines() if "transpose" in x and cache in x]
     assert "tpu_custom_call" in lowered.text
+
+
+def test_splash_padded_rows_with_given_segment_ids_keep_keys():
+    """100 query rows (padded to Splash's 128) of documents given as segment ids, causal with
+    a window of 20, the padded rows' windows holding none of their id's keys (the kernel's
+    finite mask value keeps such a row finite, and its zero gradient adds nothing to dK and
+    dV): out and gradients within 1e-5 of eager float64."""
+    q, k, v, grad = _inputs(2, 1, 100, 512, 128)
+    docs = torch.tensor([0] * 50 + [1] * 50 + [2] * 412, dtype=torch.int32)[None, None]
+    ids = (jnp.asarray(docs[..., :100].numpy()), jnp.asarray(docs.numpy()))
+    kw = dict(window=20, interpret=True, segment_ids=ids)
+    out, _ = attention_kernels.splash_attention(*map(_jax, (q, k, v)), SCALE, 0, **kw)
+    grads = attention_kernels.splash_attention_grads(*map(_jax, (grad, q, k, v)), SCALE, 0, **kw)
+    rows, keys = torch.arange(100)[:, None], torch.arange(512)
+    keep = (docs[0, 0, :100, None] == docs[0, 0]) & (keys <= rows) & (keys > rows - 20)
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    kv = [t.repeat_interleave(2, 1) for t in leaves[1:]]
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        leaves[0], *kv, attn_mask=keep, scale=SCALE
+    )
+    expected.backward(grad.double())
+    for got, want in zip([out, *grads], [expected.detach(), *(t.grad for t in leaves)]):
+        assert_same(_torch(got).double(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
