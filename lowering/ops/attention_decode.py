@@ -66,7 +66,7 @@ def _pages(count: int) -> tuple[int, int]:
     """(page size, pages per compute block) for a cache of `count` keys."""
     size = next(p for p in _PAGES if count % p == 0)
     pages = count // size
-    block = max(b for b in range(1, pages + 1) if pages % b == 0 and b * size <= max(_BLOCK, size))
+    block = max(b for b in range(1, pages + 1) if pages % b == 0 and b * size <= _BLOCK)
     return size, block
 
 
