@@ -88,7 +88,7 @@ def attend(q, k, v, listed, scores_of):
                 total = total * kept + jnp.sum(weights, axis=-1)
                 return new_top, total, acc * kept[..., None] + block
 
-            return jax.lax.cond(listed[i, j], compute, lambda c: c, carry), None
+            return jax.lax.cond(listed[i, j], jax.checkpoint(compute), lambda c: c, carry), None
 
         init = (
             jnp.full((batch, heads, q_size), -jnp.inf, work),
