@@ -286,6 +286,13 @@ def test_a_plan_whose_run_fails_is_its_row_and_not_chosen():
     assert fsdp["status"] == "failed" and "not eager's" in fsdp["reason"]
     assert chosen == "tensor_parallel"  # the first of the fewest collective bytes
 
+    def fails(name):
+        raise TpuInductorError(f"{name} failed")
+
+    failing = {**before, "sharding": {**survey, "plan": "none of them"}}  # the defaults' too
+    with pytest.raises(TpuInductorError, match="no sharding plan ran on mesh .*fsdp failed"):
+        search.search(failing, lambda r: r["figures"], fails, None)
+
 
 def test_for_another_platform_the_measured_plan_figures_are_marked_estimates(monkeypatch):
     monkeypatch.setattr(tune, "figures", lambda record: record["figures"])

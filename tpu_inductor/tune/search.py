@@ -127,6 +127,10 @@ def search(
     fitting = [r for r in rows if r.get("status") == "ran"]
     if not fitting:
         reasons = "; ".join(f"{r['plan']}: {r.get('reason', r['status'])}" for r in rows)
+        if memory is None:  # none fails for memory: each failed or does not apply
+            raise TpuInductorError(
+                f"tpu-inductor tune: no sharding plan ran on mesh {survey['mesh']}: {reasons}"
+            )
         raise PlanDoesNotFitError(
             f"tpu-inductor tune: no sharding plan fits {memory:,} bytes per device on mesh "
             f"{survey['mesh']}: {reasons}",
