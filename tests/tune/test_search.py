@@ -172,6 +172,8 @@ def test_a_plan_that_cannot_fit_the_stated_memory_is_refused_before_compiling():
         "fsdp_tensor_parallel": "ran",
         "expert_parallel": "does not apply",
     }
+    assert next(r for r in rows if r["plan"] == "data")["figures"] == before["figures"]
+    assert "figures" not in next(r for r in rows if r["plan"] == "tensor_parallel")
     tp = next(r for r in rows if r["plan"] == "tensor_parallel")
     assert f"needs at least {totals['tensor_parallel']:,} bytes per device" in tp["reason"]
     assert "optimizer_state" in tp["reason"] and f"the target has {memory:,}" in tp["reason"]

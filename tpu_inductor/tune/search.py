@@ -115,6 +115,8 @@ def search(
             check_fits(name, row["estimate"], memory)
         except PlanDoesNotFitError as refused:
             row.update(status="refused", reason=str(refused))
+            if name == survey["plan"]:  # the baseline ran: its figures, for the comparison
+                row["figures"] = figures_of(before)
             continue
         try:
             record = before if name == survey["plan"] else run_plan(name)
