@@ -4,7 +4,10 @@ Splash takes a mask it knows (full, causal, a causal window), segment ids and no
 So a `flex_attention` whose `score_mod` returns the score as it is and whose `mask_mod` is
 an and of: `q_idx >= kv_idx` (causal), that and `q_idx - kv_idx <= w` (a sliding window), a
 document mask `doc[q_idx] == doc[kv_idx]` (or `doc[b, q_idx] == doc[b, kv_idx]`, `doc` a
-captured integer tensor: its ids become the kernel's segment ids), `kv_idx < n` (bucketing's
+captured integer tensor: its ids become the kernel's segment ids; or, with the causal term,
+TorchTitan's `q_idx <= doc_end[b, kv_idx]`, the last position of each key's document: the ends
+are the segment ids where the table is well formed, checked at run time, the XLA form where
+not), `kv_idx < n` (bucketing's
 mask of padded keys, passes/bucket_rules_flex.py: a mask over keys, as the kernel's segment
 ids too; not with a document mask) or nothing (every key) becomes the Splash call the attention op makes (lowering/ops/attention_kernels.py: GQA,
 scale, logsumexp), and its backward the kernel's own VJP. The rest, and any shape or dtype
@@ -12,8 +15,7 @@ the kernel refuses, take the XLA form (lowering/ops/flex_attention.py); each cho
 counted with its reason in the module's kernel choices (`tpu.flex_attention.splash`,
 `tpu.flex_attention.xla: <reason>`). Recognized by the subgraphs' structure, not by
 evaluating them: a mask written another way (`kv_idx <= q_idx`, the terms in any order) is
-recognized as well; one that reads a captured tensor any other way (TorchTitan's
-`q_idx <= doc_end[b, kv_idx]`, exact only for a well-formed table) is not.
+recognized as well; one that reads a captured tensor any other way is not.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import math
 import operator
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import torch
 
@@ -42,11 +45,11 @@ _Q, _KV, _B = 2, 3, 0  # mask_mod's arguments (b, h, q_idx, kv_idx, *captured te
 class _Form(NamedTuple):
     """A mask Splash has: its causal diagonal (0, or None: every key), window (None, or the
     keys a row keeps up to its diagonal) and document ids (None, or (which captured tensor,
-    whether indexed by batch too))."""
+    whether indexed by batch too, "ids" or "ends": each key's document's last position)))."""
 
     diagonal: int | None = None
     window: int | None = None
-    document: tuple[int, bool] | None = None
+    document: tuple[int, bool, str] | None = None
     keys: int | None = None  # which captured tensor holds how many keys are kept (the first)
 
 
@@ -67,18 +70,22 @@ def flex_attention_tpu(
     form, reason = _splash_form(query, key, value, score_mod, block_mask, *buffers)
     if reason is None and _reads_result(ctx.node, 2):
         reason = "the max scores asked for (return_aux max_scores)"
-    if not _count(ctx, reason):
-        args = (query, key, value, score_mod, block_mask, scale, kernel_options, *buffers)
+    args = (query, key, value, score_mod, block_mask, scale, kernel_options, *buffers)
+    if not _count(ctx, reason, form):
         return portable.xla_form(ctx, *args)
-    ids, keep = _segment_ids(form, query, mask_mod_other_buffers), _keys(form, key, buffers[1])
-    out, lse = attention_kernels.splash_attention(
-        query, key, value, scale, form.diagonal, keep, form.window,
-        interpret=ctx.interpret_kernels, segment_ids=ids,
-    )  # fmt: skip
-    results = [out, lse / math.log(2)]
-    if len(ctx.out) > 2:  # the max scores, read by nothing (checked above): NaN, never a value
-        results.append(jnp.full(ctx.out[2].shape, jnp.nan))
-    return tuple(r.astype(ctx.jax_dtype(v.dtype)) for r, v in zip(results, ctx.out))
+
+    def splash():
+        ids, keep = _segment_ids(form, query, buffers[1]), _keys(form, key, buffers[1])
+        out, lse = attention_kernels.splash_attention(
+            query, key, value, scale, form.diagonal, keep, form.window,
+            interpret=ctx.interpret_kernels, segment_ids=ids,
+        )  # fmt: skip
+        results = [out, lse / math.log(2)]
+        if len(ctx.out) > 2:  # the max scores, read by nothing (checked above): NaN
+            results.append(jnp.full(ctx.out[2].shape, jnp.nan))
+        return tuple(r.astype(ctx.jax_dtype(v.dtype)) for r, v in zip(results, ctx.out))
+
+    return _checked(form, query, buffers[1], splash, lambda: portable.xla_form(ctx, *args))
 
 
 @register_lowering(hop.flex_attention_backward, platform="tpu", needs_ctx=True)
@@ -103,18 +110,48 @@ def flex_attention_backward_tpu(
     form, reason = _splash_form(query, key, value, fw_graph, block_mask, *buffers)
     if reason is None and grad_logsumexp is not None:
         reason = "a gradient of the logsumexp (the kernel's VJP takes the output's alone)"
-    if not _count(ctx, reason):
-        return portable.flex_attention_backward(
-            ctx, query, key, value, out, logsumexp, grad_out, grad_logsumexp, fw_graph,
-            joint_graph, block_mask, scale, kernel_options, *buffers,
-        )  # fmt: skip
-    ids, keep = _segment_ids(form, query, mask_mod_other_buffers), _keys(form, key, buffers[1])
-    grads = attention_kernels.splash_attention_grads(
-        grad_out, query, key, value, scale, form.diagonal, keep, form.window,
-        interpret=ctx.interpret_kernels, segment_ids=ids,
+    args = (
+        query, key, value, out, logsumexp, grad_out, grad_logsumexp, fw_graph, joint_graph,
+        block_mask, scale, kernel_options, *buffers,
     )  # fmt: skip
-    grads = tuple(g.astype(ctx.jax_dtype(e.dtype)) for g, e in zip(grads, ctx.out))
-    return (*grads, ()) if len(ctx.out) > 3 else grads
+    if not _count(ctx, reason, form):
+        return portable.flex_attention_backward(ctx, *args)
+
+    def splash():
+        ids, keep = _segment_ids(form, query, buffers[1]), _keys(form, key, buffers[1])
+        grads = attention_kernels.splash_attention_grads(
+            grad_out, query, key, value, scale, form.diagonal, keep, form.window,
+            interpret=ctx.interpret_kernels, segment_ids=ids,
+        )  # fmt: skip
+        grads = tuple(g.astype(ctx.jax_dtype(e.dtype)) for g, e in zip(grads, ctx.out))
+        return (*grads, ()) if len(ctx.out) > 3 else grads
+
+    xla = lambda: portable.flex_attention_backward(ctx, *args)  # noqa: E731
+    return _checked(form, query, buffers[1], splash, xla)
+
+
+def _checked(form, query, buffers, splash, xla):
+    """splash(); for a mask of document ends, splash() where the table is well formed and
+    xla() where it is not, chosen at run time (the executable holds both)."""
+    if form.document is None or form.document[2] != "ends":
+        return splash()
+    which, batched, _ = form.document
+    ends = _per_row(buffers[which], batched, query.shape[0], query.shape[-2])
+    return jax.lax.cond(_well_formed(ends), splash, xla)
+
+
+def _well_formed(ends):
+    """Whether `ends` [B, L] gives each position its document's last one, documents packed one
+    after another: ends[j] >= j, and ends[j] == j or ends[j + 1] == ends[j]. Then, for
+    q >= kv, `q <= ends[kv]` is `ends[q] == ends[kv]`: the ends are segment ids."""
+    at = jnp.arange(ends.shape[-1])
+    closes = (ends[:, :-1] == at[:-1]) | (ends[:, 1:] == ends[:, :-1])
+    return jnp.all(ends >= at) & jnp.all(closes)
+
+
+def _per_row(ids, batched: bool, batch: int, length: int):
+    """A captured table indexed by position (and batch) as [B, L]."""
+    return ids[:batch, :length] if batched else jnp.broadcast_to(ids[:length], (batch, length))
 
 
 def _reads_result(node, index: int) -> bool:
@@ -122,9 +159,11 @@ def _reads_result(node, index: int) -> bool:
     return any(u.target is operator.getitem and u.args[1] == index and u.users for u in node.users)
 
 
-def _count(ctx, reason: str | None) -> bool:
+def _count(ctx, reason: str | None, form) -> bool:
     """Record the choice; True when Splash was chosen (reason None)."""
     key = "tpu.flex_attention.splash" if reason is None else f"tpu.flex_attention.xla: {reason}"
+    if reason is None and form.document is not None and form.document[2] == "ends":
+        key += ": where the document ends are well formed (checked at run time; else XLA)"
     ctx.chose(key)
     return reason is None
 
@@ -141,7 +180,7 @@ def _splash_form(query, key, value, score_mod, block_mask, score_buffers, mask_b
     if form.document is not None and form.keys is not None:
         return None, "a document mask over padded keys (bucketed lengths)"
     if form.document is not None:
-        reason = _document_refusal(query, key, mask_buffers, *form.document)
+        reason = _document_refusal(query, key, mask_buffers, *form.document[:2])
         if reason is not None:
             return None, reason
     if form.keys is not None and jnp.ndim(mask_buffers[form.keys]) != 0:
@@ -177,10 +216,8 @@ def _segment_ids(form, query, buffers):
     ids as dense int32 ranks (equal where the ids are, whatever their dtype's width)."""
     if form.document is None:
         return None
-    which, batched = form.document
-    batch, length = query.shape[0], query.shape[-2]
-    ids = buffers[which]
-    ids = ids[:batch, :length] if batched else jnp.broadcast_to(ids[:length], (batch, length))
+    which, batched, _ = form.document
+    ids = _per_row(buffers[which], batched, query.shape[0], query.shape[-2])
     order = jnp.argsort(ids, axis=-1)
     ordered = jnp.take_along_axis(ids, order, axis=-1)
     new = jnp.pad(ordered[:, 1:] != ordered[:, :-1], ((0, 0), (1, 0)))
@@ -215,11 +252,13 @@ def _mask_form(gm) -> _Form | None:
             window = width
         elif document is None and (document := _document(term, inputs)) is not None:
             continue
+        elif document is None and (document := _document_ends(term, inputs)) is not None:
+            continue
         elif keys is None and (keys := _key_count(term, inputs)) is not None:
             continue
         else:
             return None
-    if window is not None and not causal:
+    if (window is not None or (document and document[2] == "ends")) and not causal:
         return None
     return _Form(0 if causal else None, window, document, keys)
 
@@ -251,7 +290,24 @@ def _document(node, inputs) -> tuple[int, bool] | None:
         return None
     if {reads[0][2], reads[1][2]} != {_Q, _KV}:
         return None
-    return reads[0][0] - 4, reads[0][1]
+    return reads[0][0] - 4, reads[0][1], "ids"
+
+
+def _document_ends(node, inputs) -> tuple[int, bool, str] | None:
+    """(which captured tensor, indexed by batch too, "ends") for `q_idx <= ends[kv_idx]` (or
+    `ends[b, kv_idx] >= q_idx`); None for any other node."""
+    if not _is_call(node) or len(node.args) != 2:
+        return None
+    if node.target is aten.le.Tensor:
+        query, read = node.args
+    elif node.target is aten.ge.Tensor:
+        read, query = node.args
+    else:
+        return None
+    found = _lookup(read, inputs)
+    if query is not inputs[_Q] or found is None or found[2] != _KV:
+        return None
+    return found[0] - 4, found[1], "ends"
 
 
 def _lookup(node, inputs):

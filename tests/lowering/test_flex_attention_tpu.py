@@ -59,9 +59,12 @@ def _row_document(b, h, q, kv):
     return _ROW_DOCUMENTS[b, q] == _ROW_DOCUMENTS[b, kv]
 
 
-def _document_ends():
-    """TorchTitan's causal packed-document fast path: `q <= doc_end[b, kv]`."""
+def _document_ends(well_formed=True):
+    """TorchTitan's causal packed-document fast path: `q <= doc_end[b, kv]`; not well formed,
+    each key's "end" 40 positions on (a band, not documents)."""
     ends = torch.stack([torch.searchsorted(r, r, right=True) - 1 for r in _ROW_DOCUMENTS])
+    if not well_formed:
+        ends = torch.arange(LENGTH).expand(2, -1) + 40
     return lambda b, h, q, kv: q <= ends[b, kv]
 
 
@@ -95,7 +98,9 @@ CASES = {  # mask_mod, score_mod, kv heads, batch, the choice expected
         2,
         XLA + "a document mask over padded",
     ),
-    "document ends": (and_masks(_causal, _document_ends()), None, 4, 2, XLA + "a mask_mod"),
+    "document ends": (and_masks(_causal, _document_ends()), None, 4, 2, SPLASH),
+    "ill-formed ends": (and_masks(_causal, _document_ends(False)), None, 2, 2, SPLASH),
+    "ends, no causal": (_document_ends(), None, 4, 2, XLA + "a mask_mod"),
     "alibi": (_causal, _alibi, 4, 1, XLA + "a score_mod"),
 }
 
@@ -143,16 +148,36 @@ def _inputs(batch, kv_heads):
     return q, k, v, grad
 
 
-def test_a_document_mask_compiled_for_tpu_is_the_kernel_with_no_square_tensor():
-    """TorchTitan's causal packed-document mask in a training step lowered for the TPU: the
-    forward and the backward are Splash calls, and no tensor of the module is sequence x
-    sequence (the scores stay in the kernel's blocks)."""
+@pytest.mark.parametrize("ends", [False, True], ids=["document ids", "document ends"])
+def test_a_document_mask_compiled_for_tpu_is_the_kernel_with_no_square_tensor(ends):
+    """TorchTitan's causal packed-document masks (its document ids; its fast path's document
+    ends, Splash where well formed, the XLA form's listed blocks where not) in a training step
+    lowered for the TPU: the forward and the backward are Splash calls, and no tensor of the
+    module is sequence x sequence (the scores stay in blocks)."""
     enable_flex_attention_training()
-    fn = _step(and_masks(_causal, _row_document), None, True, 2)
+    fn = _step(and_masks(_causal, _document_ends() if ends else _row_document), None, True, 2)
     args = _inputs(2, 2)
     gm = make_fx(fn, tracing_mode="real")(*args)
     lowered = lower(gm, list(args), platform="tpu")
-    assert lowered.kernel_choices == {SPLASH: 2}
+    ((choice, count),) = lowered.kernel_choices.items()
+    assert choice.startswith(SPLASH) and count == 2, lowered.kernel_choices
     assert "tpu_custom_call" in lowered.text
     square = re.findall(rf"tensor<[0-9x]*\b{LENGTH}x{LENGTH}x[^>]*>", lowered.text)
     assert not square, sorted(set(square))
+
+
+def test_document_ends_are_segment_ids_only_when_well_formed():
+    """`q <= ends[kv]` under a causal mask is `ends[q] == ends[kv]` exactly when each position's
+    end is its document's last position (the run-time check that picks Splash)."""
+    from tpu_inductor.lowering.ops.flex_attention_kernels import _well_formed
+
+    ends = torch.stack([torch.searchsorted(r, r, right=True) - 1 for r in _ROW_DOCUMENTS])
+    assert bool(_well_formed(jnp.asarray(ends.numpy())))
+    band = np.arange(LENGTH)[None] + 40
+    assert not bool(_well_formed(jnp.asarray(band)))
+    early = ends.clone()
+    early[0, 5] = 4  # a key whose "end" is before it
+    assert not bool(_well_formed(jnp.asarray(early.numpy())))
+    split = ends.clone()
+    split[0, 10] = 10  # a document's end repeated from inside it
+    assert not bool(_well_formed(jnp.asarray(split.numpy())))
