@@ -21,7 +21,6 @@ recognized as well; one that reads a captured tensor any other way is not.
 from __future__ import annotations
 
 import math
-import operator
 from typing import NamedTuple
 
 import jax
@@ -31,6 +30,7 @@ import torch
 from ..registry import register_lowering
 from . import attention_kernels
 from . import flex_attention as portable
+from .common import reads_result
 
 aten, hop = torch.ops.aten, torch.ops.higher_order
 
@@ -68,7 +68,7 @@ def flex_attention_tpu(
 ):
     buffers = (score_mod_other_buffers, mask_mod_other_buffers)
     form, reason = _splash_form(query, key, value, score_mod, block_mask, *buffers)
-    if reason is None and _reads_result(ctx.node, 2):
+    if reason is None and reads_result(ctx.node, 2):
         reason = "the max scores asked for (return_aux max_scores)"
     args = (query, key, value, score_mod, block_mask, scale, kernel_options, *buffers)
     if not _count(ctx, reason, form):
@@ -152,11 +152,6 @@ def _well_formed(ends):
 def _per_row(ids, batched: bool, batch: int, length: int):
     """A captured table indexed by position (and batch) as [B, L]."""
     return ids[:batch, :length] if batched else jnp.broadcast_to(ids[:length], (batch, length))
-
-
-def _reads_result(node, index: int) -> bool:
-    """Whether anything reads result `index` of a node that returns several."""
-    return any(u.target is operator.getitem and u.args[1] == index and u.users for u in node.users)
 
 
 def _count(ctx, reason: str | None, form) -> bool:
