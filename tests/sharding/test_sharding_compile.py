@@ -381,7 +381,12 @@ ENTRY %main (x: f32[8,4], y: f32[6]) -> (f32[2,4], f32[6], f32[3]) {
 """
     assert collectives.count(hlo)["all-reduce"] == {"count": 2, "bytes": 8 * 4 * 4 + 6 * 4 * 2}
     # %g1 goes out whole: not sliced; %g0 and %ar2 are.
-    assert collectives.sliced_all_reduces(hlo) == {"count": 2, "bytes": 2 * 4 * 4 + 3 * 4}
+    sliced = collectives.sliced_all_reduces(hlo)
+    assert sliced == {"count": 2, "bytes": 2 * 4 * 4 + 3 * 4, "reduced_bytes": 8 * 4 * 4 + 6 * 4}
+    # on a TPU each is a reduce-scatter: its slices' bytes move, not the whole value's
+    report = {"collectives": collectives.count(hlo), "sliced_all_reduces": sliced}
+    assert collectives.moved_bytes(report, "cpu") == 8 * 4 * 4 + 6 * 4 * 2
+    assert collectives.moved_bytes(report, "tpu") == 6 * 4 + 2 * 4 * 4 + 3 * 4
 
 
 def test_an_optimizers_state_takes_its_parameters_placement():

@@ -54,11 +54,12 @@ def count(hlo_text: str) -> dict[str, dict[str, int]]:
 
 
 def sliced_all_reduces(hlo_text: str) -> dict[str, int]:
-    """{"count", "bytes"}: all-reduced values that every user slices to a part (the SPMD
-    partitioner's form of a reduce-scatter: a partial sum reduced, each device keeping its
-    shard). XLA's GPU and TPU pipelines rewrite it into one reduce-scatter
+    """{"count", "bytes", "reduced_bytes"}: all-reduced values that every user slices to a part
+    (the SPMD partitioner's form of a reduce-scatter: a partial sum reduced, each device keeping
+    its shard). XLA's GPU and TPU pipelines rewrite it into one reduce-scatter
     (ReduceScatterCreator), moving a shard's bytes instead of the whole; XLA:CPU's keeps the
-    all-reduce, so here it is counted apart. `bytes`: the slices', per device."""
+    all-reduce, so here it is counted apart. `bytes`: the slices', per device;
+    `reduced_bytes`: the whole values' the all-reduces moved."""
     instructions, slicing = {}, set()  # name → (op, operands, shape, calls); slicing computations
     computation = None
     for line in _COMMENT.sub("", hlo_text).splitlines():
@@ -97,7 +98,20 @@ def sliced_all_reduces(hlo_text: str) -> dict[str, int]:
             ):
                 found["count"] += 1
                 found["bytes"] += sum(_bytes(u[2]) for u in slices)
+                found["reduced_bytes"] += _bytes(instructions[value][2])
     return dict(found)
+
+
+def moved_bytes(communication: dict, platform: str) -> int:
+    """The bytes per device a call's collectives move on `platform` (a `report`): XLA:CPU's as
+    counted; on GPU and TPU each sliced all-reduce as the reduce-scatter their pipelines make
+    of it (its slices' bytes, not the whole value's). Elsewhere than the platform compiled for,
+    an estimate: the other pipeline's own choices are not seen."""
+    moved = sum(entry["bytes"] for entry in communication["collectives"].values())
+    if platform != "cpu":
+        sliced = communication.get("sliced_all_reduces") or {}
+        moved -= sliced.get("reduced_bytes", 0) - sliced.get("bytes", 0)
+    return moved
 
 
 _REPORTS: dict[str, dict] = {}  # by compile-cache key digest: a cache hit reads no HLO again

@@ -64,9 +64,14 @@ def run(script: str, args: list[str], out: Path, env: dict[str, str], budget_s: 
     return json.loads((out / "record.json").read_text())
 
 
-def figures(record: dict) -> dict[str, float]:
-    """A run's figures, each the less the better (report.FIGURES names them)."""
+def figures(record: dict, platform: str | None = None) -> dict[str, float]:
+    """A run's figures, each the less the better (report.FIGURES names them); for a target
+    `platform` other than the one it ran on, the collective bytes as its pipeline would move
+    them (record.py: an estimate)."""
     graphs, totals = record["graphs"].values(), record["totals"]
+    collective = sum(g["collective_bytes"] for g in graphs)
+    if platform not in (None, record["platform"]):
+        collective = record.get("accelerator_collective_bytes", collective)
     shares = [b["padded_share"] for b in totals["buckets"]]
     return {
         "compiles": totals["compiles"],
@@ -75,7 +80,7 @@ def figures(record: dict) -> dict[str, float]:
         "compile_s": sum(g["compile_s"] for g in graphs),
         "wall_s": record["wall_s"],
         "crossed_bytes": totals["crossed_bytes"],
-        "collective_bytes": sum(g["collective_bytes"] for g in graphs),
+        "collective_bytes": collective,
         "peak_bytes": max(totals["peak_bytes"].values(), default=0),
     }
 
@@ -164,7 +169,7 @@ def propose_sharding(
 ) -> tuple[dict[str, Any], list[dict], list[str], list[str]]:
     """(the config's sharding record, the search's rows, its notes, its estimates) for the
     target `platform`."""
-    chosen, rows = search.search(before, figures, run_plan, memory)
+    chosen, rows = search.search(before, lambda r: figures(r, platform), run_plan, memory)
     stated = f"{memory:,} bytes per device stated" if memory is not None else "no memory stated"
     notes = [
         f"sharding on mesh {mesh} ({stated}): plan {chosen!r}, the least collective bytes "
@@ -182,11 +187,11 @@ def propose_sharding(
     ]
     if platform != before["platform"]:
         estimates.append(
-            f"each plan's peak and collective bytes per device: measured from "
-            f"{before['platform']}'s compiled modules of the same partitioned program, "
-            f"estimates for {platform}, whose compiler is not here: its pipeline makes "
-            "reduce-scatters of the sliced all-reduces XLA:CPU keeps (counted apart in the "
-            "collectives report) and schedules its own temporaries"
+            f"each plan's peak and collective bytes per device: from {before['platform']}'s "
+            f"compiled modules of the same partitioned program, estimates for {platform}, whose "
+            "compiler is not here: the collective bytes count each all-reduce every device "
+            f"slices as the reduce-scatter {platform}'s pipeline makes of it (a shard's bytes); "
+            "the peaks are XLA:CPU's memory analysis, not the target's scheduling"
         )
     return {"mesh": mesh, "plan": chosen}, rows, notes, estimates
 
@@ -251,8 +256,8 @@ def tune(
         "notes": notes,
         "estimates": estimates,
         "plans": rows,
-        "before": figures(before),
-        "after": figures(after),
+        "before": figures(before, target if mesh is not None else None),
+        "after": figures(after, target if mesh is not None else None),
     }
     (out / "tune.json").write_text(json.dumps(facts, indent=1) + "\n")
     (out / "report.md").write_text(report.markdown(facts))
