@@ -3,7 +3,8 @@ their bucket, the padded keys masked in mask_mod, padded query rows kept out of 
 and gradient, with the padding filled with NaN (`pad_with="nan"`) so a padded value that
 reached a real position would show. Forward and gradients equal eager's (float32, 1e-5
 relative) at three lengths of one bucket, compiled once (one forward, one backward);
-fuse_attention (on, as on a TPU) leaves the op alone.
+bfloat16 no further from a float64 run than eager bfloat16; fuse_attention (on, as on a TPU)
+leaves the op alone.
 """
 
 from __future__ import annotations
@@ -70,8 +71,16 @@ def _attend(score_mod, gqa):
 def _run(fn, inputs, block_mask):
     inputs = [t.detach().clone().requires_grad_() for t in inputs]
     out = fn(*inputs, block_mask)
-    out.backward(torch.linspace(-1, 1, out.numel()).reshape(out.shape))
+    out.backward(torch.linspace(-1, 1, out.numel()).reshape(out.shape).to(out.dtype))
     return [out.detach(), *(t.grad for t in inputs)]
+
+
+def _compiled(attend):
+    options = {"fallback": "error", "shapes": {"policy": "pow2", "pad_with": "nan"}}
+    options["fusion"] = {"attention": True}  # as on a TPU: it must leave the op alone
+    return torch.compile(
+        attend, backend="tpu_inductor", options=options, dynamic=True, fullgraph=True
+    )
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -79,11 +88,7 @@ def test_bucketed_lengths_equal_eager_and_compile_once(case):
     enable_flex_attention_training()
     make_mask, score_mod, kv_heads = CASES[case]
     attend = _attend(score_mod, kv_heads != HEADS)
-    options = {"fallback": "error", "shapes": {"policy": "pow2", "pad_with": "nan"}}
-    options["fusion"] = {"attention": True}  # as on a TPU: it must leave the op alone
-    compiled = torch.compile(
-        attend, backend="tpu_inductor", options=options, dynamic=True, fullgraph=True
-    )
+    compiled = _compiled(attend)
     before, rewrites = tpu_inductor.compiles(), dict(pipeline.counters)
     g = torch.Generator().manual_seed(0)
     for length in LENGTHS:
@@ -101,3 +106,25 @@ def test_bucketed_lengths_equal_eager_and_compile_once(case):
     added = {k: v - rewrites.get(k, 0) for k, v in pipeline.counters.items()}
     assert added.get("bucket_shapes.key_masks", 0) == 2  # the forward's mask_mod and backward's
     assert not any(k.startswith("fuse_attention.") and v for k, v in added.items()), added
+
+
+@pytest.mark.parametrize("case", ["documents, causal", "alibi, causal"])
+def test_bucketed_bfloat16_no_further_from_float64_than_eager(case):
+    enable_flex_attention_training()
+    make_mask, score_mod, kv_heads = CASES[case]
+    attend = _attend(score_mod, False)
+    compiled = _compiled(attend)
+    g = torch.Generator().manual_seed(1)
+    for length in LENGTHS[:2]:
+        block_mask = create_block_mask(make_mask(length), 2, None, length, length, "cpu")
+        inputs = [torch.randn(2, HEADS, length, DIM, generator=g) for _ in range(3)]
+        exact = _run(attend, [t.double() for t in inputs], block_mask)
+        half = [t.bfloat16() for t in inputs]
+        eager, found = _run(attend, half, block_mask), _run(compiled, half, block_mask)
+        for name, x, e, f in zip(("output", "dq", "dk", "dv"), exact, eager, found):
+            ours, theirs = _gap(f, x), _gap(e, x)
+            assert ours <= 2 * theirs + 2**-8, (case, length, name, ours, theirs)
+
+
+def _gap(found, exact):
+    return ((found.double() - exact).norm() / exact.norm()).item()
