@@ -158,7 +158,7 @@ def _count(ctx, reason: str | None, form) -> bool:
     """Record the choice; True when Splash was chosen (reason None)."""
     key = "tpu.flex_attention.splash" if reason is None else f"tpu.flex_attention.xla: {reason}"
     if reason is None and form.document is not None and form.document[2] == "ends":
-        key += ": where the document ends are well formed (checked at run time; else XLA)"
+        key += " (where the document ends are well formed, checked at run time; else XLA)"
     ctx.chose(key)
     return reason is None
 
