@@ -78,6 +78,11 @@ def build(arch: str):
     _, name, kwargs = ARCHS[arch]
     torch.manual_seed(0)
     model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
+    for module in model.modules():  # no random draws (stochastic depth, dropout): runs compare
+        if isinstance(module, torch.nn.Dropout) or hasattr(module, "drop_prob"):
+            module.p = module.drop_prob = 0.0
+        if isinstance(getattr(module, "drop_rate", None), float):  # F.dropout(x, self.drop_rate)
+            module.drop_rate = 0.0
     size = kwargs.get("img_size", SIZE)
     g = torch.Generator().manual_seed(1)
     return model, torch.randn(2, 3, size, size, generator=g), torch.tensor([3, 7])
