@@ -1,21 +1,22 @@
 """FlexAttention on the TPU: the attentions Splash computes go to its kernel.
 
-Splash takes a mask it knows (full, causal, a causal window), segment ids and no score_mod.
-So a `flex_attention` whose `score_mod` returns the score as it is and whose `mask_mod` is
-an and of: `q_idx >= kv_idx` (causal), that and `q_idx - kv_idx <= w` (a sliding window), a
-document mask `doc[q_idx] == doc[kv_idx]` (or `doc[b, q_idx] == doc[b, kv_idx]`, `doc` a
-captured integer tensor: its ids become the kernel's segment ids; or, with the causal term,
-TorchTitan's `q_idx <= doc_end[b, kv_idx]`, the last position of each key's document: the ends
-are the segment ids where the table is well formed, checked at run time, the XLA form where
-not), `kv_idx < n` (bucketing's
-mask of padded keys, passes/bucket_rules_flex.py: a mask over keys, as the kernel's segment
-ids too; not with a document mask) or nothing (every key) becomes the Splash call the attention op makes (lowering/ops/attention_kernels.py: GQA,
-scale, logsumexp), and its backward the kernel's own VJP. The rest, and any shape or dtype
-the kernel refuses, take the XLA form (lowering/ops/flex_attention.py); each choice is
-counted with its reason in the module's kernel choices (`tpu.flex_attention.splash`,
-`tpu.flex_attention.xla: <reason>`). Recognized by the subgraphs' structure, not by
-evaluating them: a mask written another way (`kv_idx <= q_idx`, the terms in any order) is
-recognized as well; one that reads a captured tensor any other way is not.
+Splash takes a mask it knows (full, causal, a causal window), segment ids and no score_mod. So a
+`flex_attention` whose `score_mod` returns the score as it is and whose `mask_mod` is an and of:
+`q_idx >= kv_idx` (causal), that and `q_idx - kv_idx <= w` (a sliding window), a document mask
+`doc[q_idx] == doc[kv_idx]` (or `doc[b, q_idx] == doc[b, kv_idx]`, `doc` a captured integer
+tensor: its ids become the kernel's segment ids; or, with the causal term, TorchTitan's `q_idx
+<= doc_end[b, kv_idx]`, the last position of each key's document: the ends are the segment ids
+where the table is well formed, checked at run time, the XLA form where not), `kv_idx < n`
+(bucketing's mask of padded keys, passes/bucket_rules_flex.py: a mask over keys, or with
+document ids the later keys' id -1, a row left without keys made exact around the kernel) or
+nothing (every key) becomes the Splash call the attention op makes
+(lowering/ops/attention_kernels.py: GQA, scale, logsumexp), and its backward the kernel's own
+VJP. The rest, and any shape or dtype the kernel refuses, take the XLA form
+(lowering/ops/flex_attention.py); each choice is counted with its reason in the module's kernel
+choices (`tpu.flex_attention.splash`, `tpu.flex_attention.xla: <reason>`). Recognized by the
+subgraphs' structure, not by evaluating them: a mask written another way (`kv_idx <= q_idx`, the
+terms in any order) is recognized as well; one that reads a captured tensor any other way is
+not.
 """
 
 from __future__ import annotations
@@ -75,11 +76,14 @@ def flex_attention_tpu(
         return portable.xla_form(ctx, *args)
 
     def splash():
-        ids, keep = _segment_ids(form, query, buffers[1]), _keys(form, key, buffers[1])
+        ids, keep, empty = _splash_masks(form, query, key, buffers[1])
         out, lse = attention_kernels.splash_attention(
             query, key, value, scale, form.diagonal, keep, form.window,
             interpret=ctx.interpret_kernels, segment_ids=ids,
         )  # fmt: skip
+        if empty is not None:  # rows that keep no key: 0 and logsumexp -inf, as the mask says
+            out = jnp.where(empty[:, None, :, None], jnp.zeros((), out.dtype), out)
+            lse = jnp.where(empty[:, None, :], -jnp.inf, lse)
         results = [out, lse / math.log(2)]
         if len(ctx.out) > 2:  # the max scores, read by nothing (checked above): NaN
             results.append(jnp.full(ctx.out[2].shape, jnp.nan))
@@ -118,9 +122,12 @@ def flex_attention_backward_tpu(
         return portable.flex_attention_backward(ctx, *args)
 
     def splash():
-        ids, keep = _segment_ids(form, query, buffers[1]), _keys(form, key, buffers[1])
+        ids, keep, empty = _splash_masks(form, query, key, buffers[1])
+        grad = grad_out
+        if empty is not None:  # rows that keep no key add nothing (their gradient 0)
+            grad = jnp.where(empty[:, None, :, None], jnp.zeros((), grad.dtype), grad)
         grads = attention_kernels.splash_attention_grads(
-            grad_out, query, key, value, scale, form.diagonal, keep, form.window,
+            grad, query, key, value, scale, form.diagonal, keep, form.window,
             interpret=ctx.interpret_kernels, segment_ids=ids,
         )  # fmt: skip
         grads = tuple(g.astype(ctx.jax_dtype(e.dtype)) for g, e in zip(grads, ctx.out))
@@ -173,15 +180,37 @@ def _splash_form(query, key, value, score_mod, block_mask, score_buffers, mask_b
     if form is None:
         return None, "a mask_mod other than causal, a causal window, document ids or every key"
     if form.document is not None and form.keys is not None:
-        return None, "a document mask over padded keys (bucketed lengths)"
+        if form.document[2] == "ends" or form.window is not None:
+            return None, "document ends or a window over padded keys (bucketed lengths)"
     if form.document is not None:
         reason = _document_refusal(query, key, mask_buffers, *form.document[:2])
         if reason is not None:
             return None, reason
     if form.keys is not None and jnp.ndim(mask_buffers[form.keys]) != 0:
         return None, f"a key count of shape {jnp.shape(mask_buffers[form.keys])}"
-    keep = _keys(form, key, mask_buffers)
+    keep = None if form.document is not None else _keys(form, key, mask_buffers)
     return form, attention_kernels.splash_refusal(query, key, value, keep, *form[:2])
+
+
+def _splash_masks(form, query, key, buffers):
+    """(segment ids or None, a mask over keys or None, rows that keep no key [B, L] or None)
+    for the Splash call. Document ids over the first n keys: the later keys' id -1, and a
+    row that keeps no key (no earlier real key of its document) reads them instead, its
+    results replaced after: the kernel takes no empty row."""
+    ids = _segment_ids(form, query, buffers)
+    if ids is None or form.keys is None:
+        return ids, _keys(form, key, buffers), None
+    ranks, length = ids[0], ids[0].shape[-1]
+    at = jnp.arange(length, dtype=jnp.int32)
+    real = at < buffers[form.keys]
+    rows = jnp.arange(ranks.shape[0])[:, None]
+    first = (
+        jnp.full(ranks.shape, length, jnp.int32).at[rows, ranks].min(jnp.where(real, at, length))
+    )  # each document's first real key
+    seen = jnp.take_along_axis(first, ranks, axis=-1)
+    empty = seen > at if form.diagonal is not None else seen >= length
+    none = jnp.full((), -1, jnp.int32)
+    return (jnp.where(empty, none, ranks), jnp.where(real, ranks, none)), None, empty
 
 
 def _keys(form, key, buffers):

@@ -4,8 +4,8 @@ this CPU with the Pallas kernels interpreted (`GraphRunner(..., interpret_kernel
 against eager torch. Causal, sliding-window, unmasked and document-masked attentions (GQA
 too; a document's ids per sequence or per batch row, as TorchTitan packs them; the first n
 keys, as bucketing masks padded keys) are Splash calls, the document ids or the keys kept its
-segment ids; a score_mod or a mask reading a captured tensor any
-other way takes the XLA form, its reason counted. Compiled for the TPU, a training step with
+segment ids (a row that keeps no key exact); a score_mod or a mask reading a captured
+tensor any other way takes the XLA form, its reason counted. Compiled for the TPU, a training step with
 a document mask holds the kernel's calls and no sequence x sequence tensor.
 """
 
@@ -91,12 +91,21 @@ CASES = {  # mask_mod, score_mod, kv heads, batch, the choice expected
     "row documents": (_row_document, None, 4, 2, SPLASH),
     "first keys, causal": (and_masks(_causal, _first_keys), None, 4, 1, SPLASH),
     "first keys, gqa": (_first_keys, None, 2, 2, SPLASH),
-    "first keys, documents": (
-        and_masks(_row_document, _first_keys),
+    # (row 1's last document lies past the first 200 keys: its rows keep no key)
+    "first keys, documents": (and_masks(_row_document, _first_keys), None, 4, 2, SPLASH),
+    "first keys, documents, causal": (
+        and_masks(_causal, _row_document, _first_keys),
+        None,
+        2,
+        2,
+        SPLASH,
+    ),
+    "first keys, documents, window": (
+        and_masks(_sliding, _row_document, _first_keys),
         None,
         4,
         2,
-        XLA + "a document mask over padded",
+        XLA + "document ends or a",
     ),
     "document ends": (and_masks(_causal, _document_ends()), None, 4, 2, SPLASH),
     "ill-formed ends": (and_masks(_causal, _document_ends(False)), None, 2, 2, SPLASH),
