@@ -1,10 +1,14 @@
 """tools/check_timm.py's judgement on its own (timm itself runs in a venv of its own, by hand):
-what it calls equal to eager, and that it still sees a wrong or a missing gradient."""
+what it calls equal to eager, and that it still sees a wrong or a missing gradient; and
+tools/bench_families.py's diffusers factories, which bench calls positionally."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from tests.helpers import assert_same
+from tools import bench_families
 from tools.check_timm import table, unequal
 
 
@@ -46,3 +50,13 @@ def test_table_names_each_backends_failures_and_pass_rate():
     text = table(rows)
     assert "| resnet18 | ResNet | pass | FAIL Error: no rule |" in text
     assert "tpu_inductor: 1/1 pass" in text and "inductor: 0/1 pass" in text
+
+
+def test_bench_factory_calls_a_diffusers_model_positionally():
+    pytest.importorskip("diffusers")
+    from tests.models.test_diffusers import _build
+
+    model, inputs = bench_families.dit()
+    direct, batch = _build("dit")
+    with torch.no_grad():
+        assert_same(model(*inputs), direct(**batch).sample)
