@@ -2,8 +2,9 @@
 
 Which positions attend is the `mask_mod` subgraph's (the lowering reads the block mask's
 tables only to pass over the key blocks no query block lists, and never its lengths:
-lowering/ops/flex_attention.py), so padded keys are masked in it: the mask_mod is replaced by a copy that ands `kv_idx < true_keys`, the true key length a new
-captured tensor (the pass's 0-d true-size input). Real query rows then see eager's keys, eager's
+lowering/ops/flex_attention.py), so padded keys are masked in it: the mask_mod is replaced
+by a copy that ands `kv_idx < true_keys`, the true key length a new captured tensor (the
+pass's 0-d true-size input). Real query rows then see eager's keys, eager's
 scores and eager's mask; padded query rows are whatever they are, and are sliced off. So that
 they never reach a gradient, every padded operand (q, k, v, the captured tensors, and in the
 backward the output, its logsumexp and their gradients) is made 0 there: a padded row's
@@ -11,7 +12,8 @@ gradient of the output is 0, so its scores' gradient is 0 and it adds nothing to
 captured bias's gradient; finite operands keep 0 · that gradient 0.
 
     %o = flex_attention(%q, %k, %v, %score, (%s, %s, ..., %mask), ...)
-      -> %o = flex_attention(%q', %k', %v', %score, (%s, %s, ..., %mask_keys), ..., (*bufs, %true_s))
+      -> %o = flex_attention(%q', %k', %v', %score, (%s, %s, ..., %mask_keys), ...,
+                             (*bufs, %true_s))
          %mask_keys(b, h, q, kv, *bufs, n) = %mask(b, h, q, kv, *bufs) & (kv < n)
 
 A block mask's tables made at the true lengths list no padded block; tables whose own dims are

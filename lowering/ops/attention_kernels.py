@@ -1,4 +1,5 @@
-"""Per-platform kernels for `tpu_inductor::attention` and its backward (the op: tpu_inductor/ops/attention.py).
+"""Per-platform kernels for `tpu_inductor::attention` and its backward (the op:
+tpu_inductor/ops/attention.py).
 
 The portable rules (`lowering/ops/attention.py`, "the XLA form": float32 scores, softmax by
 logsumexp, grouped-query heads folded into K/V's) serve every platform; this module registers

@@ -1,8 +1,8 @@
 """The attention op's per-platform kernels (lowering/ops/attention_kernels.py).
 
 The TPU lowering (Splash attention, the decode kernel) is produced here: `lower(...,
-platform="tpu")` and the AOT compiler give StableHLO with the kernel's `tpu_custom_call`; its numerics are checked in Pallas
-interpret mode against eager SDPA, forward and backward. Unsupported shapes and masks fall back
+platform="tpu")` and the AOT compiler give StableHLO with the kernel's `tpu_custom_call`; its
+numerics are checked in Pallas interpret mode against eager SDPA, forward and backward. Unsupported shapes and masks fall back
 to the XLA form with the reason counted. Grouped-query folding: a Llama decode step against a
 long KV cache, whose repeated K/V dominate its temporaries, compiled with fusion on and off.
 """

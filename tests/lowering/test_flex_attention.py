@@ -4,7 +4,8 @@ and its backward, compiled whole with `fallback="error"`, against eager torch's 
 mask and score_mod kind users write: none, causal, sliding window, document (segment) masks
 from a captured tensor, ALiBi and soft-capping, grouped-query attention and a learnable bias.
 float32 within 1e-5 relative; bfloat16 no further from a float64 run than eager's. Also: the
-cache keys a score_mod's body (two score_mods alike but for their bodies are two compiles), and torch's refusal of a CPU backward is lifted only by the explicit call.
+cache keys a score_mod's body (two score_mods alike but for their bodies are two compiles),
+and torch's refusal of a CPU backward is lifted only by the explicit call.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ against eager torch. Causal, sliding-window, unmasked and document-masked attent
 too; a document's ids per sequence or per batch row, as TorchTitan packs them; the first n
 keys, as bucketing masks padded keys) are Splash calls, the document ids or the keys kept its
 segment ids (a row that keeps no key exact); a score_mod or a mask reading a captured
-tensor any other way takes the XLA form, its reason counted. Compiled for the TPU, a training step with
-a document mask holds the kernel's calls and no sequence x sequence tensor.
+tensor any other way takes the XLA form, its reason counted. Compiled for the TPU, a training
+step with a document mask holds the kernel's calls and no sequence x sequence tensor.
 """
 
 from __future__ import annotations

@@ -72,7 +72,8 @@ def placements(values) -> list[Placement | None]:
 def shard_optimizer_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """Split `optimizer`'s state and gradients like the parameters they belong to (a moment of
     a parameter FSDP splits is split the same way: ZeRO's optimizer-state sharding), as they
-    are created and after; returns `optimizer`. Call it after `shard`, before the first compiled step."""
+    are created and after; returns `optimizer`. Call it after `shard`, before the first
+    compiled step."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise OptionError(
             f"tpu_inductor.shard_optimizer_state: {type(optimizer).__name__} is not a "
