@@ -119,6 +119,13 @@ def _facts() -> dict:
     }
 
 
+def test_collective_bytes_scored_for_another_platform_are_labelled_estimates():
+    label = "bytes collectives moved per device (over a mesh) (estimate for tpu)"
+    measured, scored = _facts(), {**_facts(), "platform": "tpu"}
+    for page in (report.markdown, report.html_page):
+        assert label in page(scored) and "(estimate for" not in page(measured)
+
+
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no Chromium on this machine")
 def test_the_html_report_renders_in_headless_chromium(tmp_path):
     page = tmp_path / "report.html"

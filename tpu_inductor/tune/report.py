@@ -20,6 +20,16 @@ FIGURES = (
 )
 
 
+def _figures(facts: dict):
+    """FIGURES with their labels for this report: the collective bytes, scored for a target
+    platform other than the one the runs ran on (tune.figures), say they are an estimate."""
+    estimated = facts["platform"] != facts["ran_on"] and bool(facts.get("plans"))
+    for key, what, form in FIGURES:
+        if estimated and key == "collective_bytes":
+            what = f"{what} (estimate for {facts['platform']})"
+        yield key, what, form
+
+
 def _change(before: float, after: float) -> str:
     if before == after:
         return "same"
@@ -67,7 +77,7 @@ def markdown(facts: dict) -> str:
         "| figure | defaults | tuned | change |",
         "|---|---:|---:|---:|",
     ]
-    for key, what, form in FIGURES:
+    for key, what, form in _figures(facts):
         lines.append(
             f"| {what} | {form.format(before[key])} | {form.format(after[key])} "
             f"| {_change(before[key], after[key])} |"
@@ -110,7 +120,7 @@ def html_page(facts: dict) -> str:
     sections = "".join(
         f"<section><h3>{html.escape(what)} ({_change(before[key], after[key])})</h3>"
         f"{_bars(key, before[key], after[key], form)}</section>"
-        for key, what, form in FIGURES
+        for key, what, form in _figures(facts)
     )
     notes = "".join(f"<li>{html.escape(n.strip())}</li>" for n in facts["notes"])
     estimates = "".join(f"<li>{html.escape(e)}</li>" for e in facts["estimates"])
