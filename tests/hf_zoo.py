@@ -158,6 +158,21 @@ def _moe_config(tf, name: str, s: Size):
     )
 
 
+def gqa_mistral(layers: int, **config):
+    """A Mistral with grouped-query attention 8:2 at head dim 128 (hidden 256), seeded, in eval
+    mode (the TPU attention tests'); `config`: MistralConfig's other arguments (a sliding
+    window, the positions)."""
+    import transformers as tf
+
+    config = tf.MistralConfig(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=layers,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=128, attn_implementation="sdpa",
+        **config,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return tf.MistralForCausalLM(config).eval()
+
+
 def build(
     name: str, size: Size = TINY, experts: str | None = "batched_mm"
 ) -> tuple[torch.nn.Module, dict]:

@@ -19,31 +19,11 @@ from tpu_inductor.aot import compile as aot_compile
 LAYERS = 2
 
 
-def _mistral(length: int):
-    """A Mistral (grouped-query attention 8:2, head dim 128, a sliding window of half the
-    sequence: Splash's LocalMask) from a tiny config."""
-    import torch
-    import transformers as tf
-
-    config = tf.MistralConfig(
-        vocab_size=hf_zoo.VOCAB,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=128,
-        max_position_embeddings=2 * length,
-        sliding_window=length // 2,
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(0)
-    return tf.MistralForCausalLM(config).eval()
-
-
 def _model(name: str, length: int):
-    if name == "mistral":
-        return _mistral(length)
+    if name == "mistral":  # a sliding window of half the sequence: Splash's LocalMask
+        return hf_zoo.gqa_mistral(
+            LAYERS, max_position_embeddings=2 * length, sliding_window=length // 2
+        )
     heads = {"llama": 2, "gpt2": 4, "bert": 4}[name]  # hidden 256: head dims 128, 64, 64
     size = hf_zoo.Size(hidden=256, layers=LAYERS, heads=heads, seq=length, batch=2)
     model, _ = hf_zoo.build(name, size)

@@ -23,28 +23,9 @@ from tpu_inductor.config import FUSION_DEFAULTS
 LAYERS, PROMPT, NEW = 2, 8, 9  # a static cache of PROMPT + NEW - 1 = 16 keys: one page
 
 
-def _mistral():
-    """A Mistral (grouped-query attention 8:2, head dim 128), no sliding window."""
-    import transformers as tf
-
-    config = tf.MistralConfig(
-        vocab_size=hf_zoo.VOCAB,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=128,
-        sliding_window=None,
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(0)
-    return tf.MistralForCausalLM(config).eval()
-
-
 def _model(name: str):
-    if name == "mistral":
-        return _mistral()
+    if name == "mistral":  # no sliding window
+        return hf_zoo.gqa_mistral(LAYERS, sliding_window=None)
     size = hf_zoo.Size(hidden=256, layers=LAYERS, heads=2, seq=PROMPT, batch=2)  # head dim 128
     return hf_zoo.build(name, size)[0]
 
