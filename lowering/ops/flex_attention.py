@@ -57,8 +57,8 @@ _MASK_MOD = -1
 def flex_attention(ctx, *args):
     """(output, logsumexp in base 2[, max score in base 2]) as the node expects."""
     query, key, block_mask = args[0], args[1], args[4]
-    listed = blocks.listed_blocks(block_mask, query.shape[-2], key.shape[-2])
-    ctx.chose(_CHOICE + (_DENSE if listed is None else _LISTED))
+    listed = blocks.tiles(block_mask, query.shape[-2], key.shape[-2])
+    ctx.chose(_CHOICE + (_LISTED if listed else _DENSE))
     return xla_form(ctx, *args)
 
 

@@ -27,20 +27,25 @@ import jax.numpy as jnp
 _KV_NUM, _KV_INDICES, _FULL_NUM, _FULL_INDICES, _Q_BLOCK, _KV_BLOCK = 2, 3, 4, 5, 14, 15
 
 
+def tiles(block_mask, length: int, count: int) -> bool:
+    """Whether the block mask's tables tile `length` queries and `count` keys (then
+    `listed_blocks` reads them)."""
+    kv_num, kv_indices = block_mask[_KV_NUM], block_mask[_KV_INDICES]
+    if kv_num is None or kv_indices is None or kv_indices.ndim != 4:
+        return False
+    q_size, kv_size = block_mask[_Q_BLOCK], block_mask[_KV_BLOCK]
+    if not isinstance(q_size, int) or not isinstance(kv_size, int):
+        return False
+    return kv_num.shape[-1] * q_size == length and count % kv_size == 0
+
+
 def listed_blocks(block_mask, length: int, count: int):
     """[query blocks, key blocks] bool, a key block some (batch, head) lists for a query block;
     None where the tables do not tile `length` queries and `count` keys."""
-    kv_num, kv_indices = block_mask[_KV_NUM], block_mask[_KV_INDICES]
-    if kv_num is None or kv_indices is None or kv_indices.ndim != 4:
+    if not tiles(block_mask, length, count):
         return None
-    q_blocks = kv_num.shape[-1]
-    q_size, kv_size = block_mask[_Q_BLOCK], block_mask[_KV_BLOCK]
-    if not isinstance(q_size, int) or not isinstance(kv_size, int):
-        return None
-    if q_blocks * q_size != length or count % kv_size:
-        return None
-    kv_blocks = count // kv_size
-    listed = _listed(kv_num, kv_indices, kv_blocks)
+    kv_blocks = count // block_mask[_KV_BLOCK]
+    listed = _listed(block_mask[_KV_NUM], block_mask[_KV_INDICES], kv_blocks)
     full_num, full_indices = block_mask[_FULL_NUM], block_mask[_FULL_INDICES]
     if full_num is not None and full_indices is not None:
         listed = listed | _listed(full_num, full_indices, kv_blocks)
