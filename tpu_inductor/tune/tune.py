@@ -19,13 +19,14 @@
 3. Prove: SCRIPT runs again in a new process with TPU_INDUCTOR_CONFIG=tuned.json; the report
    (report.md, report.html: tune/report.py) sets the two runs' figures side by side.
 
-Each run gets half of `--budget` minutes (the search's runs too); a run that fails or overruns is a TpuInductorError
-with the end of its log.
+Each run gets half of `--budget` minutes (the search's runs too); a run that fails or overruns
+is a TpuInductorError with the end of its log.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -158,9 +159,7 @@ def _host_devices(flags: str, mesh) -> str:
     run the mesh's programs; other platforms ignore the flag), unless the flags say already."""
     if "xla_force_host_platform_device_count" in flags:
         return flags
-    count = 1
-    for _, size in mesh.axes:
-        count *= size
+    count = math.prod(size for _, size in mesh.axes)
     return f"{flags} --xla_force_host_platform_device_count={count}".strip()
 
 
